@@ -1,0 +1,1 @@
+"""pegmask.bench."""

@@ -1,0 +1,18 @@
+"""pegmask.grammars: grammar IR, front-ends (PEG DSL, JSON Schema, regex), the streaming parser
+and the token automaton."""
+
+from pegmask.grammars.errors import GrammarError, ParseError, SchemaError, UnsupportedSchemaError
+from pegmask.grammars.grammar import Grammar
+from pegmask.grammars.parser import CaptureNode, Event, ParseResult, StreamParser
+
+__all__ = [
+    "CaptureNode",
+    "Event",
+    "Grammar",
+    "GrammarError",
+    "ParseError",
+    "ParseResult",
+    "SchemaError",
+    "StreamParser",
+    "UnsupportedSchemaError",
+]

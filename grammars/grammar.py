@@ -1,0 +1,87 @@
+"""`Grammar`: the user-facing grammar object, built by any front-end, compiled once."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pegmask.grammars.ir import GrammarIR, JsonSchema, Node
+from pegmask.grammars.parser import ParseResult, StreamParser, parse_program
+from pegmask.grammars.program import DEFAULT_MAX_INSTRUCTIONS, Program, compile_program
+
+
+class Grammar:
+    """A grammar in IR form with its compiled program (compiled on first use, then cached).
+
+    Build one with `from_peg`, `from_json_schema`, `from_regex` or from an IR directly.
+    """
+
+    def __init__(self, ir: GrammarIR, *, max_instructions: int = DEFAULT_MAX_INSTRUCTIONS):
+        self.ir = ir
+        self.max_instructions = max_instructions
+        self._program: Program | None = None
+
+    # ----------------------------------------------------------------- front-ends
+    @classmethod
+    def from_peg(cls, text: str, *, start: str | None = None,
+                 schemas: dict[str, Any] | None = None) -> Grammar:
+        """Parse the PEG DSL. `schemas` maps names used by `json(name)` to JSON Schemas."""
+        from pegmask.grammars.peg import peg_to_ir
+
+        return cls(peg_to_ir(text, start=start, schemas=schemas))
+
+    @classmethod
+    def from_json_schema(cls, schema: dict[str, Any] | bool | str, **options: Any) -> Grammar:
+        """A grammar for JSON values valid under `schema` (a dict, bool or JSON text).
+
+        Options are those of `pegmask.grammars.json_schema.schema_to_rules` (whitespace,
+        property order, ...). The schema is compiled eagerly so errors surface here.
+        """
+        if isinstance(schema, str):
+            schema = json.loads(schema)
+        node = JsonSchema(json.dumps(schema), tuple(sorted(options.items())))
+        grammar = cls(GrammarIR({"root": node}))
+        grammar.program  # noqa: B018 - compile now: a bad schema is an error at build time
+        return grammar
+
+    @classmethod
+    def from_regex(cls, pattern: str) -> Grammar:
+        """A grammar for strings fully matching `pattern` (the structured-output regex subset)."""
+        from pegmask.grammars.regex import regex_to_node
+
+        grammar = cls(GrammarIR({"root": regex_to_node(pattern)}))
+        grammar.program  # noqa: B018 - compile now so a bad pattern fails here
+        return grammar
+
+    @classmethod
+    def from_node(cls, node: Node, rules: dict[str, Node] | None = None) -> Grammar:
+        """A grammar whose start rule is `node` (plus optional named rules)."""
+        return cls(GrammarIR({**(rules or {}), "root": node}))
+
+    # ----------------------------------------------------------------- compiled forms
+    @property
+    def program(self) -> Program:
+        if self._program is None:
+            self._program = compile_program(self.ir, max_instructions=self.max_instructions)
+        return self._program
+
+    @property
+    def specials(self) -> tuple[str, ...]:
+        """Names of the special tokens the grammar uses."""
+        return self.program.specials
+
+    def parse(self, text: str | bytes) -> ParseResult:
+        """Parse a whole input; raises `ParseError` (with the byte position) when invalid."""
+        return parse_program(self.program, text)
+
+    def stream_parser(self) -> StreamParser:
+        return StreamParser(self.program)
+
+    def matches(self, text: str | bytes) -> bool:
+        from pegmask.grammars.errors import ParseError
+
+        try:
+            self.parse(text)
+        except ParseError:
+            return False
+        return True

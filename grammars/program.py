@@ -1,0 +1,546 @@
+"""Compile the grammar IR into one instruction program (a pushdown NFA over symbols).
+
+Symbols are bytes 0-255 and special tokens 256 + index into `Program.specials`. The streaming
+parser (`pegmask.grammars.parser`) and the token automaton (`pegmask.grammars.automaton`) both
+execute this same program, which is what makes them accept exactly the same language.
+
+Instructions are stored in parallel lists (fast to index from the interpreters):
+
+* ``BYTE``     consume one byte b with ``accept[pc][b]`` set, go to ``arg[pc]``
+* ``SPECIAL``  consume special symbol ``aux[pc]``, go to ``arg[pc]``
+* ``SPLIT``    epsilon to every pc of ``targets[pc]``, earlier ones preferred for captures
+* ``JUMP``     epsilon to ``arg[pc]``
+* ``CALL``     push ``aux[pc]`` (return pc), go to ``arg[pc]`` (a rule's entry)
+* ``RET``      pop the return pc (an empty stack means the start rule finished: accept)
+* ``OPEN`` / ``CLOSE``  capture ``aux[pc]`` starts / ends, go to ``arg[pc]``
+* ``MATCH``    the whole input matched
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from pegmask.grammars.errors import GrammarError
+from pegmask.grammars.ir import (
+    MAX_UNICODE,
+    ByteClass,
+    Capture,
+    CharClass,
+    Choice,
+    GrammarIR,
+    JsonSchema,
+    Literal,
+    Node,
+    Ref,
+    Repeat,
+    Seq,
+    Special,
+    Trigger,
+    Until,
+    children,
+)
+
+BYTE, SPECIAL, SPLIT, JUMP, CALL, RET, OPEN, CLOSE, MATCH = range(9)
+SPECIAL_BASE = 256
+
+DEFAULT_MAX_INSTRUCTIONS = 400_000
+
+
+@dataclass
+class Program:
+    kind: list[int]
+    arg: list[int]
+    aux: list[int]
+    targets: list[tuple[int, ...]]
+    accept: list[bytes | None]
+    start: int
+    specials: tuple[str, ...]
+    tags: tuple[str, ...]
+
+    def special_symbol(self, name: str) -> int | None:
+        """Symbol number of special token `name`, or None if the grammar never uses it."""
+        try:
+            return SPECIAL_BASE + self.specials.index(name)
+        except ValueError:
+            return None
+
+    def __len__(self) -> int:
+        return len(self.kind)
+
+
+JsonSchemaExpander = Callable[[JsonSchema, str], tuple[Node, dict[str, Node]]]
+
+
+def expand_json_schemas(ir: GrammarIR) -> GrammarIR:
+    """Replace every `JsonSchema` node by the rules of the JSON Schema front-end."""
+    if not any(_contains_schema(body) for body in ir.rules.values()):
+        return ir
+    from pegmask.grammars.json_schema import schema_to_rules
+
+    extra: dict[str, Node] = {}
+    cache: dict[JsonSchema, Node] = {}
+
+    def rewrite(node: Node) -> Node:
+        if isinstance(node, JsonSchema):
+            if node not in cache:
+                prefix = f"json{len(cache)}"
+                root, rules = schema_to_rules(
+                    json.loads(node.schema_json), prefix=prefix, **dict(node.options)
+                )
+                extra.update({name: rewrite(body) for name, body in rules.items()})
+                cache[node] = rewrite(root)
+            return cache[node]
+        if isinstance(node, Seq):
+            return Seq(tuple(rewrite(i) for i in node.items))
+        if isinstance(node, Choice):
+            return Choice(tuple(rewrite(a) for a in node.alts))
+        if isinstance(node, Repeat):
+            return Repeat(rewrite(node.item), node.min, node.max)
+        if isinstance(node, Capture):
+            return Capture(node.tag, rewrite(node.item))
+        if isinstance(node, Trigger):
+            return Trigger(rewrite(node.item))
+        return node
+
+    rules = {name: rewrite(body) for name, body in ir.rules.items()}
+    clash = set(rules) & set(extra)
+    if clash:
+        raise GrammarError(f"rule names clash with generated JSON Schema rules: {sorted(clash)}")
+    rules.update(extra)
+    return GrammarIR(rules, ir.start)
+
+
+def _contains_schema(node: Node) -> bool:
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, JsonSchema):
+            return True
+        stack.extend(children(current))
+    return False
+
+
+def check_rules(ir: GrammarIR) -> None:
+    """Reject undefined rules and left recursion (which a top-down program cannot run)."""
+    if ir.start not in ir.rules:
+        raise GrammarError(f"start rule {ir.start!r} is not defined")
+    for name, body in ir.rules.items():
+        stack = [body]
+        while stack:
+            node = stack.pop()
+            if isinstance(node, Ref) and node.name not in ir.rules:
+                raise GrammarError(f"rule {name!r} references undefined rule {node.name!r}")
+            stack.extend(children(node))
+    nullable = nullable_rules(ir.rules)
+    left_calls = {name: _left_refs(body, nullable) for name, body in ir.rules.items()}
+    # Depth-first search for a cycle in the "may call at the left edge" graph.
+    state: dict[str, int] = {}
+    for root in ir.rules:
+        if state.get(root):
+            continue
+        path: list[tuple[str, list[str]]] = [(root, sorted(left_calls[root]))]
+        state[root] = 1
+        while path:
+            name, pending = path[-1]
+            if not pending:
+                state[name] = 2
+                path.pop()
+                continue
+            nxt = pending.pop()
+            if state.get(nxt) == 1:
+                cycle = [n for n, _ in path]
+                cycle = cycle[cycle.index(nxt) :] + [nxt]
+                raise GrammarError("left recursion: " + " -> ".join(cycle))
+            if not state.get(nxt):
+                state[nxt] = 1
+                path.append((nxt, sorted(left_calls[nxt])))
+
+
+def nullable_rules(rules: Mapping[str, Node]) -> set[str]:
+    """Names of rules that can match the empty string (least fixpoint)."""
+    result: set[str] = set()
+    changed = True
+    while changed:
+        changed = False
+        for name, body in rules.items():
+            if name not in result and is_nullable(body, result):
+                result.add(name)
+                changed = True
+    return result
+
+
+def is_nullable(node: Node, nullable: set[str]) -> bool:
+    if isinstance(node, Literal):
+        return not node.data
+    if isinstance(node, (ByteClass, CharClass, Special)):
+        return False
+    if isinstance(node, Seq):
+        return all(is_nullable(i, nullable) for i in node.items)
+    if isinstance(node, Choice):
+        return any(is_nullable(a, nullable) for a in node.alts)
+    if isinstance(node, Repeat):
+        return node.min == 0 or is_nullable(node.item, nullable)
+    if isinstance(node, (Capture, Trigger)):
+        return is_nullable(node.item, nullable)
+    if isinstance(node, Until):
+        return True
+    if isinstance(node, Ref):
+        return node.name in nullable
+    raise GrammarError(f"cannot compile IR node {type(node).__name__}")
+
+
+def _left_refs(node: Node, nullable: set[str]) -> set[str]:
+    """Rules that `node` may call before consuming any symbol."""
+    if isinstance(node, Ref):
+        return {node.name}
+    if isinstance(node, Seq):
+        found: set[str] = set()
+        for item in node.items:
+            found |= _left_refs(item, nullable)
+            if not is_nullable(item, nullable):
+                break
+        return found
+    found = set()
+    for child in children(node):
+        found |= _left_refs(child, nullable)
+    return found
+
+
+def utf8_sequences(lo: int, hi: int) -> list[list[tuple[int, int]]]:
+    """Split the scalar range [lo, hi] into byte-range sequences that match exactly its UTF-8
+    encodings (the classic utf8-ranges construction)."""
+    out: list[list[tuple[int, int]]] = []
+    bounds = [(0, 0x7F), (0x80, 0x7FF), (0x800, 0xFFFF), (0x10000, MAX_UNICODE)]
+    for blo, bhi in bounds:
+        a, b = max(lo, blo), min(hi, bhi)
+        if a <= b:
+            _split_same_length(a, b, out)
+    return out
+
+
+def _split_same_length(lo: int, hi: int, out: list[list[tuple[int, int]]]) -> None:
+    if lo <= 0x7F:
+        out.append([(lo, hi)])
+        return
+    nbytes = 2 if hi <= 0x7FF else 3 if hi <= 0xFFFF else 4
+    for i in range(1, nbytes):
+        mask = (1 << (6 * i)) - 1
+        if lo & ~mask != hi & ~mask:
+            if lo & mask != 0:
+                _split_same_length(lo, lo | mask, out)
+                _split_same_length((lo | mask) + 1, hi, out)
+                return
+            if hi & mask != mask:
+                _split_same_length(lo, (hi & ~mask) - 1, out)
+                _split_same_length(hi & ~mask, hi, out)
+                return
+    a, b = chr(lo).encode(), chr(hi).encode()
+    out.append([(a[i], b[i]) for i in range(len(a))])
+
+
+def char_class_scalar_ranges(node: CharClass) -> list[tuple[int, int]]:
+    """Merged scalar ranges of a char class, negation applied and surrogates removed."""
+    merged: list[tuple[int, int]] = []
+    for lo, hi in sorted(node.ranges):
+        if lo > hi:
+            raise GrammarError(f"empty character range {lo:#x}-{hi:#x}")
+        if merged and lo <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
+        else:
+            merged.append((lo, hi))
+    if node.negated:
+        inverted: list[tuple[int, int]] = []
+        nxt = 0
+        for lo, hi in merged:
+            if lo > nxt:
+                inverted.append((nxt, lo - 1))
+            nxt = hi + 1
+        if nxt <= MAX_UNICODE:
+            inverted.append((nxt, MAX_UNICODE))
+        merged = inverted
+    result: list[tuple[int, int]] = []
+    for lo, hi in merged:
+        if lo < 0xD800 <= hi or lo <= 0xDFFF < hi or (0xD800 <= lo and hi <= 0xDFFF):
+            if lo < 0xD800:
+                result.append((lo, 0xD7FF))
+            if hi > 0xDFFF:
+                result.append((0xE000, hi))
+        else:
+            result.append((lo, hi))
+    return result
+
+
+def _accept_table(ranges: list[tuple[int, int]] | tuple[tuple[int, int], ...]) -> bytes:
+    table = bytearray(256)
+    for lo, hi in ranges:
+        if not 0 <= lo <= hi <= 255:
+            raise GrammarError(f"invalid byte range {lo}-{hi}")
+        table[lo : hi + 1] = b"\x01" * (hi - lo + 1)
+    return bytes(table)
+
+
+def until_automaton(stops: tuple[bytes, ...]) -> tuple[list[dict[int, int]], int]:
+    """Aho-Corasick DFA over bytes for 'text containing none of `stops`'.
+
+    Returns (transitions per state: byte -> state, forbidden marker). A transition to the
+    marker (-1) means a stop string would be completed, so that byte is not allowed there.
+    """
+    if any(not s for s in stops):
+        raise GrammarError("until() needs non-empty stop strings")
+    goto: list[dict[int, int]] = [{}]
+    terminal = [False]
+    for stop in stops:
+        state = 0
+        for byte in stop:
+            if byte not in goto[state]:
+                goto.append({})
+                terminal.append(False)
+                goto[state][byte] = len(goto) - 1
+            state = goto[state][byte]
+        terminal[state] = True
+    fail = [0] * len(goto)
+    order: list[int] = []
+    queue = list(goto[0].values())
+    while queue:
+        state = queue.pop(0)
+        order.append(state)
+        for byte, nxt in goto[state].items():
+            f = fail[state]
+            while f and byte not in goto[f]:
+                f = fail[f]
+            fail[nxt] = goto[f][byte] if byte in goto[f] and goto[f][byte] != nxt else 0
+            terminal[nxt] = terminal[nxt] or terminal[fail[nxt]]
+            queue.append(nxt)
+    delta: list[dict[int, int]] = []
+    for state in range(len(goto)):
+        row: dict[int, int] = {}
+        for byte in range(256):
+            s = state
+            while s and byte not in goto[s]:
+                s = fail[s]
+            nxt = goto[s].get(byte, 0)
+            row[byte] = -1 if terminal[nxt] else nxt
+        delta.append(row)
+    return delta, -1
+
+
+class _Compiler:
+    def __init__(self, ir: GrammarIR, max_instructions: int):
+        self.ir = ir
+        self.max_instructions = max_instructions
+        self.kind: list[int] = []
+        self.arg: list[int] = []
+        self.aux: list[int] = []
+        self.targets: list[tuple[int, ...]] = []
+        self.accept: list[bytes | None] = []
+        self.specials = ir.specials
+        self.tags: list[str] = []
+        self.rule_entry: dict[str, int] = {}
+        self.pending_calls: list[tuple[int, str]] = []
+        self.accept_cache: dict[bytes, bytes] = {}
+
+    def emit(self, kind: int, arg: int = -1, aux: int = -1, targets: tuple[int, ...] = (),
+             accept: bytes | None = None) -> int:
+        if len(self.kind) >= self.max_instructions:
+            raise GrammarError(
+                f"grammar too large: more than {self.max_instructions} instructions "
+                "(a repetition count or schema is too big)"
+            )
+        self.kind.append(kind)
+        self.arg.append(arg)
+        self.aux.append(aux)
+        self.targets.append(targets)
+        self.accept.append(accept)
+        return len(self.kind) - 1
+
+    def patch(self, pc: int, arg: int) -> None:
+        self.arg[pc] = arg
+
+    def byte_instr(self, ranges: list[tuple[int, int]] | tuple[tuple[int, int], ...]) -> int:
+        table = _accept_table(ranges)
+        table = self.accept_cache.setdefault(table, table)
+        return self.emit(BYTE, accept=table)
+
+    def compile(self) -> Program:
+        # Entry: call the start rule, then accept.
+        entry = self.emit(CALL)
+        match = self.emit(MATCH)
+        self.aux[entry] = match
+        self.pending_calls.append((entry, self.ir.start))
+        for name, body in self.ir.rules.items():
+            start = len(self.kind)
+            exits = self.node(body)
+            ret = self.emit(RET)
+            self.link(exits, ret)
+            self.rule_entry[name] = start
+        for pc, name in self.pending_calls:
+            self.arg[pc] = self.rule_entry[name]
+        return Program(
+            self.kind, self.arg, self.aux, self.targets, self.accept, entry,
+            tuple(self.specials), tuple(self.tags),
+        )
+
+    def link(self, exits: list[int], target: int) -> None:
+        for pc in exits:
+            self.arg[pc] = target
+
+    def node(self, node: Node) -> list[int]:
+        """Emit code for `node` at the current end; return the pcs whose `arg` must be
+        patched to the code that follows. Code for a node always starts at the next pc."""
+        if isinstance(node, Literal):
+            if not node.data:
+                return [self.emit(JUMP)]
+            exits: list[int] = []
+            for byte in node.data:
+                pc = self.byte_instr([(byte, byte)])
+                self.link(exits, pc)
+                exits = [pc]
+            return exits
+        if isinstance(node, ByteClass):
+            if not node.ranges:
+                raise GrammarError("empty byte class")
+            return [self.byte_instr(node.ranges)]
+        if isinstance(node, CharClass):
+            return self.char_class(node)
+        if isinstance(node, Seq):
+            if not node.items:
+                return [self.emit(JUMP)]
+            exits = self.node(node.items[0])
+            for item in node.items[1:]:
+                here = len(self.kind)
+                self.link(exits, here)
+                exits = self.node(item)
+            return exits
+        if isinstance(node, Choice):
+            split = self.emit(SPLIT)
+            starts: list[int] = []
+            exits = []
+            for alt in node.alts:
+                starts.append(len(self.kind))
+                exits.extend(self.node(alt))
+            self.targets[split] = tuple(starts)
+            return exits
+        if isinstance(node, Repeat):
+            return self.repeat(node)
+        if isinstance(node, Ref):
+            pc = self.emit(CALL)
+            self.aux[pc] = pc + 1
+            self.pending_calls.append((pc, node.name))
+            return [self.emit(JUMP)]
+        if isinstance(node, Special):
+            return [self.emit(SPECIAL, aux=SPECIAL_BASE + self.specials.index(node.name))]
+        if isinstance(node, Until):
+            return self.until(node)
+        if isinstance(node, Capture):
+            if node.tag not in self.tags:
+                self.tags.append(node.tag)
+            tag = self.tags.index(node.tag)
+            self.emit(OPEN, aux=tag, arg=len(self.kind) + 1)
+            exits = self.node(node.item)
+            close = self.emit(CLOSE, aux=tag)
+            self.link(exits, close)
+            return [close]
+        if isinstance(node, Trigger):
+            return self.node(node.item)
+        if isinstance(node, JsonSchema):
+            raise GrammarError("JsonSchema nodes must be expanded before compiling")
+        raise GrammarError(f"cannot compile IR node {type(node).__name__}")
+
+    def char_class(self, node: CharClass) -> list[int]:
+        scalar_ranges = char_class_scalar_ranges(node)
+        if not scalar_ranges:
+            raise GrammarError("character class matches nothing")
+        sequences: list[list[tuple[int, int]]] = []
+        for lo, hi in scalar_ranges:
+            sequences.extend(utf8_sequences(lo, hi))
+        # Group single-byte sequences into one instruction; multi-byte ones as a choice.
+        singles = [seq[0] for seq in sequences if len(seq) == 1]
+        multis = [seq for seq in sequences if len(seq) > 1]
+        if not multis:
+            return [self.byte_instr(singles)]
+        split = self.emit(SPLIT)
+        starts: list[int] = []
+        exits: list[int] = []
+        if singles:
+            starts.append(len(self.kind))
+            exits.append(self.byte_instr(singles))
+        for seq in multis:
+            starts.append(len(self.kind))
+            prev: list[int] = []
+            for lo, hi in seq:
+                pc = self.byte_instr([(lo, hi)])
+                self.link(prev, pc)
+                prev = [pc]
+            exits.extend(prev)
+        self.targets[split] = tuple(starts)
+        return exits
+
+    def repeat(self, node: Repeat) -> list[int]:
+        if node.min < 0 or (node.max is not None and node.max < node.min):
+            raise GrammarError(f"invalid repetition bounds {{{node.min},{node.max}}}")
+        exits: list[int] = [self.emit(JUMP)]
+        for _ in range(node.min):
+            self.link(exits, len(self.kind))
+            exits = self.node(node.item)
+        if node.max is None:
+            loop = self.emit(SPLIT)
+            self.link(exits, loop)
+            body = len(self.kind)
+            body_exits = self.node(node.item)
+            self.link(body_exits, loop)
+            done = self.emit(JUMP)
+            self.targets[loop] = (body, done)
+            return [done]
+        optional_exits: list[int] = []
+        for _ in range(node.max - node.min):
+            split = self.emit(SPLIT)
+            self.link(exits, split)
+            body = len(self.kind)
+            exits = self.node(node.item)
+            skip = self.emit(JUMP)
+            optional_exits.append(skip)
+            self.targets[split] = (body, skip)
+        return exits + optional_exits
+
+    def until(self, node: Until) -> list[int]:
+        delta, forbidden = until_automaton(node.stops)
+        entry = self.emit(JUMP)
+        # One SPLIT per DFA state: continue with a byte (grouped by target state), or leave.
+        state_pc = [self.emit(SPLIT) for _ in delta]
+        self.arg[entry] = state_pc[0]
+        branches_of: list[list[int]] = []
+        for row in delta:
+            by_target: dict[int, list[int]] = {}
+            for byte, nxt in row.items():
+                if nxt != forbidden:
+                    by_target.setdefault(nxt, []).append(byte)
+            branches: list[int] = []
+            for nxt, byte_list in sorted(by_target.items()):
+                pc = self.byte_instr(_to_ranges(byte_list))
+                self.arg[pc] = state_pc[nxt]
+                branches.append(pc)
+            branches_of.append(branches)
+        exit_pc = self.emit(JUMP)
+        for pc, branches in zip(state_pc, branches_of):
+            self.targets[pc] = (*branches, exit_pc)
+        return [exit_pc]
+
+
+def _to_ranges(values: list[int]) -> list[tuple[int, int]]:
+    values = sorted(values)
+    ranges: list[tuple[int, int]] = []
+    for v in values:
+        if ranges and v == ranges[-1][1] + 1:
+            ranges[-1] = (ranges[-1][0], v)
+        else:
+            ranges.append((v, v))
+    return ranges
+
+
+def compile_program(ir: GrammarIR, *, max_instructions: int = DEFAULT_MAX_INSTRUCTIONS) -> Program:
+    """Expand JSON Schemas, check the rules and emit the instruction program."""
+    ir = expand_json_schemas(ir)
+    check_rules(ir)
+    return _Compiler(ir, max_instructions).compile()
