@@ -1,0 +1,94 @@
+"""The vocabulary as a byte trie in flat numpy arrays, walked one level at a time.
+
+Computing a mask means finding every token whose bytes the automaton can consume from a given
+state. Tokens share prefixes, so the walk goes over trie nodes (unique prefixes), level by
+level, vectorized, and only expands the children of nodes that are still alive; a dead prefix
+kills all tokens below it at once.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from pegmask.grammars.vocab import Vocabulary
+
+
+@dataclass(frozen=True)
+class TokenTrie:
+    """Flat trie: node 0 is the root; nodes of one level are contiguous, children of a node
+    are a contiguous range of the next level (`child_start`/`child_end`)."""
+
+    byte: np.ndarray  # uint8 [nodes]: the byte leading into the node
+    child_start: np.ndarray  # int64 [nodes]
+    child_end: np.ndarray  # int64 [nodes]
+    token_node: np.ndarray  # int64 [vocab size]: node of each ordinary token, -1 if none
+    depth: int
+
+    @property
+    def node_count(self) -> int:
+        return len(self.byte)
+
+
+_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def token_trie(vocab: Vocabulary) -> TokenTrie:
+    """The trie of `vocab`'s ordinary (non-empty, non-special) tokens, built once per vocab."""
+    trie = _CACHE.get(vocab)
+    if trie is None:
+        trie = build_token_trie(vocab.token_bytes)
+        _CACHE[vocab] = trie
+    return trie
+
+
+def build_token_trie(token_bytes: list[bytes | None]) -> TokenTrie:
+    entries = sorted(
+        (data, token_id) for token_id, data in enumerate(token_bytes) if data
+    )
+    max_len = max((len(data) for data, _ in entries), default=0)
+    # levels[d] collects (parent node index within level d-1, byte) in creation order.
+    level_parent: list[list[int]] = [[] for _ in range(max_len + 1)]
+    level_byte: list[list[int]] = [[] for _ in range(max_len + 1)]
+    level_parent[0].append(-1)
+    level_byte[0].append(0)
+    current = [0] * (max_len + 1)  # node index (within its level) of the current prefix
+    token_level_index: list[tuple[int, int, int]] = []
+    previous = b""
+    for data, token_id in entries:
+        common = 0
+        limit = min(len(previous), len(data))
+        while common < limit and previous[common] == data[common]:
+            common += 1
+        for d in range(common + 1, len(data) + 1):
+            level_parent[d].append(current[d - 1])
+            level_byte[d].append(data[d - 1])
+            current[d] = len(level_parent[d]) - 1
+        token_level_index.append((token_id, len(data), current[len(data)]))
+        previous = data
+    offsets = np.cumsum([0] + [len(p) for p in level_parent])
+    total = int(offsets[-1])
+    byte = np.zeros(total, dtype=np.uint8)
+    child_start = np.zeros(total, dtype=np.int64)
+    child_end = np.zeros(total, dtype=np.int64)
+    for d in range(max_len + 1):
+        lo = offsets[d]
+        byte[lo : offsets[d + 1]] = level_byte[d]
+        if d + 1 <= max_len and level_parent[d + 1]:
+            parents = np.asarray(level_parent[d + 1], dtype=np.int64)
+            count = offsets[d + 1] - offsets[d]
+            starts = np.searchsorted(parents, np.arange(count), side="left")
+            ends = np.searchsorted(parents, np.arange(count), side="right")
+            child_start[lo : offsets[d + 1]] = starts + offsets[d + 1]
+            child_end[lo : offsets[d + 1]] = ends + offsets[d + 1]
+        else:
+            child_start[lo : offsets[d + 1]] = 0
+            child_end[lo : offsets[d + 1]] = 0
+    token_node = np.full(len(token_bytes), -1, dtype=np.int64)
+    for token_id, level, index in token_level_index:
+        token_node[token_id] = offsets[level] + index
+    return TokenTrie(byte, child_start, child_end, token_node, max_len)

@@ -1,0 +1,125 @@
+"""The PEG DSL: syntax, captures, built-ins and precise errors."""
+
+import pytest
+
+from pegmask.grammars import Grammar, GrammarError, ParseError
+
+TOOLISH = r"""
+# a small chat-like grammar
+root = reasoning? @content:until(token("<tool_call>")) call*
+reasoning = token("<think>") @reasoning:until("</think>") "</think>" "\n"*
+call = trigger(token("<tool_call>")) "\n" @call:body "\n"
+     token("</tool_call>") "\n"?
+body = "{" @name:[a-z_]+ ":" @args:value "}"
+value = [0-9]+ | "[" (value ("," value)*)? "]"
+"""
+
+
+def test_captures_and_recursion():
+    g = Grammar.from_peg(TOOLISH)
+    r = g.parse("<think>hmm</think>\n\nHi<tool_call>\n{get:[1,[2,3]]}\n</tool_call>")
+    assert r.first("reasoning").text == "hmm"
+    assert r.first("content").text == "Hi"
+    call = r.first("call")
+    assert call.text == "{get:[1,[2,3]]}"
+    assert [c.tag for c in call.children] == ["name", "args"]
+    assert call.first("name").text == "get"
+    assert call.first("args").text == "[1,[2,3]]"
+
+
+def test_special_tokens_are_not_text():
+    g = Grammar.from_peg('root = token("<|end|>")')
+    assert g.specials == ("<|end|>",)
+    g.parse("<|end|>")  # text input: recognized by spelling
+    with pytest.raises(ParseError):
+        g.parse("<|end|")
+
+
+def test_quantifiers_and_classes():
+    g = Grammar.from_peg(r'root = [a-c]{2,3} "-" [^0-9]? "." . [\u00e9\-]+ x{2} x{1,}' + '\nx = "x"')
+    assert g.matches("ab-..é-xxx")
+    assert g.matches("abc-q.zé-é-xxx")
+    assert not g.matches("a-..é-xxx")
+    assert not g.matches("abcd-..é-xxx")
+    assert not g.matches("ab-1..é-xxx")
+    assert not g.matches("ab-..é-x")
+
+
+def test_string_escapes_and_any_char():
+    g = Grammar.from_peg(r"""root = "a\n\t\"" 'b\'' "\u00e9" . """)
+    assert g.matches('a\n\t"b\'é😀')
+    assert not g.matches('a\n\t"b\'é')
+
+
+def test_until_excludes_stop_strings():
+    g = Grammar.from_peg('root = @t:until("ab", "cd") "ab"')
+    assert g.parse("xxcab").first("t").text == "xxc"
+    assert g.parse("xxaab").first("t").text == "xxa"
+    assert not g.matches("xxcdab")
+    assert not g.matches("abab")
+
+
+def test_json_builtin_with_named_schema_unknown_name():
+    with pytest.raises(GrammarError, match="no schema named"):
+        Grammar.from_peg("root = json(args)", schemas={})
+
+
+def test_start_rule_defaults():
+    assert Grammar.from_peg('a = "x"\nb = "y"').matches("x")
+    assert Grammar.from_peg('a = "x"\nroot = "y"').matches("y")
+    assert Grammar.from_peg('a = "x"\nb = "y"', start="b").matches("y")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('root = "a" !b', "lookahead"),
+        ("root = x", "undefined rule 'x'"),
+        ('a = a "x"\nroot = a', "left recursion: a -> a"),
+        ('a = b? a "x"\nb = "y"\nroot = a', "left recursion"),
+        ('a = b "x"\nb = c\nc = a | "z"\nroot = a', "left recursion"),
+        ("root = [z-a]", "bad character range"),
+        ("root = foo(", "unexpected end of rule"),
+        ("root = token(x)", "token() takes one non-empty string"),
+        ('x = "a"\nx = "b"', "defined twice"),
+        ('root = "a"{3,1}', "max < min"),
+        ('root = until("")', "non-empty"),
+        ("", "no rules"),
+        ('root = "\\q', "unexpected"),
+    ],
+)
+def test_errors_are_precise(text, message):
+    with pytest.raises(GrammarError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        Grammar.from_peg(text).program
+
+
+def test_error_has_line_and_column():
+    with pytest.raises(GrammarError) as info:
+        Grammar.from_peg('a = "x"\nroot = a\n     | "y" %')
+    assert info.value.line == 3
+    assert info.value.column is not None
+
+
+def test_parse_error_position():
+    g = Grammar.from_peg('root = "abc" [0-9]+')
+    with pytest.raises(ParseError) as info:
+        g.parse("abx1")
+    assert info.value.position == 2
+    with pytest.raises(ParseError) as info:
+        g.parse("abc")
+    assert info.value.position == 3
+
+
+def test_huge_repetition_is_an_error_not_a_hang():
+    with pytest.raises(GrammarError, match="too large"):
+        Grammar.from_peg('root = ("ab" | "cd"){100000}').program
+
+
+def test_ambiguity_prefers_first_alternative_for_captures():
+    g = Grammar.from_peg('root = @a:"x"* @b:"x"*')
+    r = g.parse("xxx")
+    assert r.first("a").text == "xxx"
+    assert r.first("b").text == ""
+    g2 = Grammar.from_peg('root = @a:("x" | "xx") @b:("xx" | "x")')
+    r2 = g2.parse("xxx")
+    assert (r2.first("a").text, r2.first("b").text) == ("x", "xx")
