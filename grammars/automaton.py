@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 DEAD = 0
 UNKNOWN = -1
 DEFAULT_MASK_CACHE_BYTES = 256 * 1024 * 1024
+_NARROW_FRONTIER = 48
 
 
 class CompiledGrammar:
@@ -66,6 +67,11 @@ class CompiledGrammar:
         self._table = np.full((64, 256), UNKNOWN, dtype=np.int32)
         self._table[DEAD] = DEAD
         self._special_next: dict[tuple[int, int], int] = {}
+        # Per instruction: its accepted bytes as a 0/1 vector (None for non-byte instructions).
+        self._byte_accept: list[np.ndarray | None] = [
+            np.frombuffer(table, dtype=np.uint8) if table is not None else None
+            for table in self.program.accept
+        ]
         self._masks: OrderedDict[int, tuple[np.ndarray, bool]] = OrderedDict()
         self._mask_cache_bytes = mask_cache_bytes
         threads, matched = self.runtime.initial()
@@ -92,13 +98,42 @@ class CompiledGrammar:
         threads, matched = self.runtime.step(self._threads[config], symbol, 0, False)
         return self._intern(threads, bool(matched))
 
+    def _fill_row(self, config: int) -> None:
+        """Compute all 256 byte transitions of `config` at once.
+
+        Bytes accepted by the same subset of threads lead to the same configuration, so the
+        runtime steps once per distinct subset (a handful), not once per byte.
+        """
+        threads = self._threads[config]
+        row = np.zeros(256, dtype=np.int32)
+        byte_threads = [i for i, (pc, _, _) in enumerate(threads) if self._byte_accept[pc] is not None]
+        if byte_threads:
+            accepts = np.stack([self._byte_accept[threads[i][0]] for i in byte_threads])
+            weights = np.left_shift(np.uint64(1), np.arange(len(byte_threads), dtype=np.uint64))
+            signature = (accepts.astype(np.uint64) * weights[:, None]).sum(axis=0) if len(
+                byte_threads
+            ) < 64 else None
+            if signature is None:  # too many threads for a bit signature: step per byte
+                for byte in range(256):
+                    row[byte] = self._compute(config, byte)
+            else:
+                for value in np.unique(signature):
+                    if value == 0:
+                        continue
+                    members = [threads[byte_threads[i]] for i in range(len(byte_threads))
+                               if int(value) >> i & 1]
+                    byte = int(np.flatnonzero(signature == value)[0])
+                    nxt_threads, matched = self.runtime.step(members, byte, 0, False)
+                    row[signature == value] = self._intern(nxt_threads, bool(matched))
+        self._table[config] = row
+
     def next_state(self, config: int, symbol: int) -> int:
         """Configuration after consuming one symbol (byte or special symbol)."""
         if symbol < SPECIAL_BASE:
             nxt = int(self._table[config, symbol])
             if nxt == UNKNOWN:
-                nxt = self._compute(config, symbol)
-                self._table[config, symbol] = nxt
+                self._fill_row(config)
+                nxt = int(self._table[config, symbol])
             return nxt
         key = (config, symbol)
         nxt = self._special_next.get(key)
@@ -155,9 +190,17 @@ class CompiledGrammar:
         if cached is not None:
             self._masks.move_to_end(config)
             return cached
-        allowed = self._allowed_tokens(config)
-        token_node = self.trie.token_node
-        free = bool(allowed[: len(token_node)][token_node >= 0].all())
+        allowed = np.zeros(self.vocab.size, dtype=bool)
+        free = False
+        if config != DEAD:
+            tokens = self.trie.tokens_at(self._live_nodes(config))
+            allowed[tokens] = True
+            free = len(tokens) == self.trie.token_count
+            for token_id, symbol in self.special_symbol.items():
+                if token_id < self.vocab.size and self.next_state(config, symbol) != DEAD:
+                    allowed[token_id] = True
+            if self._accepting[config]:
+                allowed[[t for t in self.stop_ids if t < self.vocab.size]] = True
         packed = pack_bool_mask(allowed, self.vocab.size)
         entry = (packed, free)
         self._masks[config] = entry
@@ -165,27 +208,14 @@ class CompiledGrammar:
             self._masks.popitem(last=False)
         return entry
 
-    def _allowed_tokens(self, config: int) -> np.ndarray:
-        allowed = np.zeros(self.vocab.size, dtype=bool)
-        if config == DEAD:
-            return allowed
-        node_state = self._walk_trie(config)
-        token_node = self.trie.token_node
-        has_node = token_node >= 0
-        allowed[: len(token_node)][has_node] = node_state[token_node[has_node]] != DEAD
-        for token_id, symbol in self.special_symbol.items():
-            if token_id < self.vocab.size and self.next_state(config, symbol) != DEAD:
-                allowed[token_id] = True
-        if self._accepting[config]:
-            for token_id in self.stop_ids:
-                if token_id < self.vocab.size:
-                    allowed[token_id] = True
-        return allowed
+    def _live_nodes(self, config: int) -> np.ndarray:
+        """Trie nodes whose byte prefix `config` can consume (the root excluded).
 
-    def _walk_trie(self, config: int) -> np.ndarray:
-        """State reached at every trie node from `config` (DEAD where the prefix is rejected)."""
+        Levels are expanded with numpy while the frontier is wide; once it is narrow, a plain
+        depth-first walk is cheaper than a dozen array operations per level.
+        """
         trie = self.trie
-        node_state = np.zeros(trie.node_count, dtype=np.int32)
+        found: list[np.ndarray] = []
         live_nodes = np.zeros(1, dtype=np.int64)
         live_states = np.array([config], dtype=np.int32)
         while len(live_nodes):
@@ -194,27 +224,46 @@ class CompiledGrammar:
             total = int(counts.sum())
             if total == 0:
                 break
+            if total <= _NARROW_FRONTIER:
+                found.append(self._walk_depth_first(live_nodes.tolist(), live_states.tolist()))
+                break
             # Children of all live nodes, as one flat index array.
-            offsets = np.repeat(starts - np.cumsum(counts) + counts, counts)
-            children = offsets + np.arange(total)
+            children = np.repeat(starts - np.cumsum(counts) + counts, counts) + np.arange(total)
             parent_states = np.repeat(live_states, counts)
             child_bytes = trie.byte[children]
             next_states = self._table[parent_states, child_bytes]
             unknown = next_states == UNKNOWN
             if unknown.any():
-                self._resolve(parent_states[unknown], child_bytes[unknown])
+                self._resolve(parent_states[unknown])
                 next_states = self._table[parent_states, child_bytes]
             keep = next_states != DEAD
             live_nodes = children[keep]
             live_states = next_states[keep]
-            node_state[live_nodes] = live_states
-        return node_state
+            found.append(live_nodes)
+        return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
 
-    def _resolve(self, states: np.ndarray, symbols: np.ndarray) -> None:
-        pairs = np.unique(np.stack([states, symbols.astype(np.int32)], axis=1), axis=0)
-        for config, byte in pairs.tolist():
-            if self._table[config, byte] == UNKNOWN:
-                self._table[config, byte] = self._compute(config, byte)
+    def _walk_depth_first(self, nodes: list[int], states: list[int]) -> np.ndarray:
+        trie = self.trie
+        child_start, child_end, byte = trie.child_start, trie.child_end, trie.byte
+        table = self._table
+        live: list[int] = []
+        stack = list(zip(nodes, states))
+        while stack:
+            node, state = stack.pop()
+            for child in range(int(child_start[node]), int(child_end[node])):
+                b = int(byte[child])
+                nxt = int(table[state, b])
+                if nxt == UNKNOWN:
+                    nxt = self.next_state(state, b)
+                    table = self._table
+                if nxt != DEAD:
+                    live.append(child)
+                    stack.append((child, nxt))
+        return np.asarray(live, dtype=np.int64)
+
+    def _resolve(self, states: np.ndarray) -> None:
+        for config in np.unique(states).tolist():
+            self._fill_row(config)
 
     def matcher(self) -> GrammarMatcher:
         return GrammarMatcher(self)
@@ -325,6 +374,29 @@ class GrammarMatcher:
 def compile_grammar(grammar: Grammar, vocab: Vocabulary, **options: Any) -> CompiledGrammar:
     """Bind `grammar` to `vocab` (see `CompiledGrammar` for options)."""
     return CompiledGrammar(grammar, vocab, **options)
+
+
+class GrammarCompiler:
+    """Compiles grammars for one vocabulary, keeping the most recent `max_entries` compiled
+    grammars (with their transition tables and masks) for reuse across requests."""
+
+    def __init__(self, vocab: Vocabulary, *, max_entries: int = 64, **options: Any):
+        self.vocab = vocab
+        self.max_entries = max_entries
+        self.options = options
+        self._cache: OrderedDict[tuple, CompiledGrammar] = OrderedDict()
+
+    def compile(self, grammar: Grammar) -> CompiledGrammar:
+        key = grammar.key
+        compiled = self._cache.get(key)
+        if compiled is None:
+            compiled = CompiledGrammar(grammar, self.vocab, **self.options)
+            self._cache[key] = compiled
+            while len(self._cache) > self.max_entries:
+                self._cache.popitem(last=False)
+        else:
+            self._cache.move_to_end(key)
+        return compiled
 
 
 def fill_next_token_bitmasks(matchers: Sequence[GrammarMatcher], bitmask: Any) -> list[bool]:

@@ -20,6 +20,7 @@ class Grammar:
         self.ir = ir
         self.max_instructions = max_instructions
         self._program: Program | None = None
+        self._key: tuple | None = None
 
     # ----------------------------------------------------------------- front-ends
     @classmethod
@@ -64,6 +65,13 @@ class Grammar:
         if self._program is None:
             self._program = compile_program(self.ir, max_instructions=self.max_instructions)
         return self._program
+
+    @property
+    def key(self) -> tuple:
+        """A hashable identity of the grammar's language and captures (for caches)."""
+        if self._key is None:
+            self._key = (self.ir.start, tuple(self.ir.rules.items()))
+        return self._key
 
     @property
     def specials(self) -> tuple[str, ...]:

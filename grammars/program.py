@@ -414,6 +414,8 @@ class _Compiler:
                 exits = self.node(item)
             return exits
         if isinstance(node, Choice):
+            if not node.alts:  # the empty union: an instruction that accepts no byte
+                return [self.emit(BYTE, accept=bytes(256))]
             split = self.emit(SPLIT)
             starts: list[int] = []
             exits = []

@@ -27,11 +27,24 @@ class TokenTrie:
     child_start: np.ndarray  # int64 [nodes]
     child_end: np.ndarray  # int64 [nodes]
     token_node: np.ndarray  # int64 [vocab size]: node of each ordinary token, -1 if none
+    node_token: np.ndarray  # int64 [nodes]: the (first) token ending at the node, -1 if none
+    duplicate_node: np.ndarray  # int64: nodes shared by a further token (same bytes) ...
+    duplicate_token: np.ndarray  # int64: ... and that token
     depth: int
+    token_count: int
 
     @property
     def node_count(self) -> int:
         return len(self.byte)
+
+    def tokens_at(self, nodes: np.ndarray) -> np.ndarray:
+        """Ids of all tokens ending at `nodes`."""
+        tokens = self.node_token[nodes]
+        tokens = tokens[tokens >= 0]
+        if len(self.duplicate_node):
+            extra = self.duplicate_token[np.isin(self.duplicate_node, nodes)]
+            tokens = np.concatenate([tokens, extra])
+        return tokens
 
 
 _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -89,6 +102,17 @@ def build_token_trie(token_bytes: list[bytes | None]) -> TokenTrie:
             child_start[lo : offsets[d + 1]] = 0
             child_end[lo : offsets[d + 1]] = 0
     token_node = np.full(len(token_bytes), -1, dtype=np.int64)
+    node_token = np.full(total, -1, dtype=np.int64)
+    duplicates: list[tuple[int, int]] = []
     for token_id, level, index in token_level_index:
-        token_node[token_id] = offsets[level] + index
-    return TokenTrie(byte, child_start, child_end, token_node, max_len)
+        node = offsets[level] + index
+        token_node[token_id] = node
+        if node_token[node] < 0:
+            node_token[node] = token_id
+        else:
+            duplicates.append((node, token_id))
+    duplicate = np.asarray(duplicates, dtype=np.int64).reshape(-1, 2)
+    return TokenTrie(
+        byte, child_start, child_end, token_node, node_token, duplicate[:, 0], duplicate[:, 1],
+        max_len, len(token_level_index),
+    )

@@ -1,0 +1,754 @@
+"""The dialect framework: one PEG grammar per dialect, specialized per request, and the mapping
+from its captures to OpenAI messages and streaming deltas.
+
+A dialect is written once as a `.peg` file (the PEG DSL of `pegmask.grammars.peg`). Its module
+subclasses `Dialect` and returns, for a request, the grammar text plus the JSON Schemas that its
+`json(name)` calls use. Two grammars come from that one source:
+
+* the **strict** grammar (`Dialect.grammar(request)`): what constrained decoding enforces (tools,
+  tool_choice, parallel_tool_calls, reasoning, response_format);
+* the **lenient** grammar (`Dialect.parse_grammar(request)`): any tool name, any JSON arguments,
+  content around calls; used to parse output of unconstrained models.
+
+Public API (stable; the engine and the Harmony dialects build on it)::
+
+    d = get_dialect("hermes" | "hermes-xml" | "dsml" | "harmony" | "llmjp-harmony", **options)
+    d.render(messages, tools=None, add_generation_prompt=True, **template_kwargs) -> str
+    d.grammar(request) -> Grammar                  # strict, cached per request shape
+    d.parse_grammar(request) -> Grammar            # lenient, cached
+    d.parse(text_or_token_ids, request=None, vocab=None, *, trusted=False, seed=None) -> dict
+    p = d.stream_parser(request=None, vocab=None, *, trusted=False, seed=None)
+    p.feed(text) / p.feed_tokens(ids) / p.finish() -> list of delta dicts
+    p.message, p.finish_reason, p.incomplete
+
+Messages are ``{"role": "assistant", "content": str | None, "reasoning_content": str | None,
+"tool_calls": [{"id", "type": "function", "function": {"name", "arguments"}}]}``. Deltas are
+chat.completion.chunk ``delta`` objects: ``{"content": ...}``, ``{"reasoning_content": ...}``,
+``{"tool_calls": [{"index", "id", "type", "function": {"name", "arguments": ""}}]}`` once per
+call, then ``{"tool_calls": [{"index", "function": {"arguments": piece}}]}``. The role is the
+engine's to add.
+
+Capture tags a dialect grammar reports (everything else is framing):
+
+* ``reasoning`` / ``content``: text of reasoning_content / content;
+* ``call``: one tool call; inside it ``name`` (raw text) or ``name_json`` (a JSON string
+  literal), and either ``arguments`` (the JSON arguments text) or ``param`` captures, each with
+  ``key`` and one value: ``string`` (raw text, a JSON string), ``json`` (JSON text) or ``value``
+  (raw text typed by the tool schema, or guessed when there is none).
+
+Streaming and whole parsing agree for every chunking: input is fed to the grammar parser one
+character (text) or one token (ids) at a time, so what is certain when an error shows up does not
+depend on chunk boundaries. Calls are released whole once they close, unless ``trusted=True``
+(the output was generated under ``grammar(request)``'s mask): then their name and argument
+pieces stream as they are written. Malformed output never raises: from a call that cannot
+parse, the raw text becomes content (and so does the rest); a call cut off by the end of the
+output is dropped (trusted: kept, and ``incomplete`` is set).
+"""
+
+from __future__ import annotations
+
+import codecs
+import importlib
+import json
+import random
+import uuid
+from collections import OrderedDict
+from collections.abc import Sequence
+from pathlib import Path
+from string import Template
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pegmask.dialects.request import ChatRequest
+from pegmask.grammars import Event, Grammar, ParseError
+
+if TYPE_CHECKING:
+    from pegmask.grammars.vocab import Vocabulary
+
+Message = dict[str, Any]
+Delta = dict[str, Any]
+
+# Dialect registry: name -> "module:Class" (imported on first use, so one broken dialect module
+# never breaks the others).
+_REGISTRY: dict[str, str] = {
+    "hermes": "pegmask.dialects.hermes:HermesDialect",
+    "hermes-xml": "pegmask.dialects.hermes_xml:HermesXmlDialect",
+    "dsml": "pegmask.dialects.dsml:DsmlDialect",
+    "harmony": "pegmask.dialects.harmony:HarmonyDialect",
+    "llmjp-harmony": "pegmask.dialects.llmjp_harmony:LlmJpHarmonyDialect",
+}
+
+TURN_TAG = "turn"  # wraps the whole output so every byte lies inside some capture
+_GRAMMAR_CACHE_SIZE = 64
+
+
+def get_dialect(name: str, **options: Any) -> Dialect:
+    """The dialect called `name`, configured by its options (e.g. ``version="v3.2"``)."""
+    try:
+        target = _REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown dialect {name!r}; known: {sorted(_REGISTRY)}") from None
+    module_name, class_name = target.split(":")
+    cls = getattr(importlib.import_module(module_name), class_name)
+    return cls(**options)
+
+
+# --------------------------------------------------------------------------- grammar text helpers
+def peg_literal(text: str) -> str:
+    """`text` as a double-quoted PEG DSL string literal (tool names, keys, enum values)."""
+    out = ['"']
+    for ch in text:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\t":
+            out.append("\\t")
+        elif ch == "\r":
+            out.append("\\r")
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    out.append('"')
+    return "".join(out)
+
+
+def load_peg(filename: str) -> str:
+    """Text of a `.peg` file shipped next to this module."""
+    return (Path(__file__).parent / filename).read_text(encoding="utf-8")
+
+
+def peg_sections(text: str) -> dict[str, str]:
+    """Split a dialect `.peg` into its shared part ('') and template sections started by a
+    line ``#@ section name``; sections are instantiated per tool / parameter with `Template`."""
+    sections: dict[str, list[str]] = {"": []}
+    current = ""
+    for line in text.splitlines():
+        if line.startswith("#@ "):
+            current = line[3:].strip()
+            sections[current] = []
+        else:
+            sections[current].append(line)
+    return {name: "\n".join(lines) + "\n" for name, lines in sections.items()}
+
+
+def fill(template: str, **values: Any) -> str:
+    """Substitute ``$name`` placeholders of a grammar template (all must be given)."""
+    return Template(template).substitute({k: str(v) for k, v in values.items()})
+
+
+def alternatives(items: Sequence[str]) -> str:
+    """PEG choice of the given expressions, parenthesized."""
+    return "(" + " | ".join(items) + ")"
+
+
+def separated(required: Sequence[str], optional: Sequence[str], sep: str) -> str:
+    """Expression for the required items in order followed by each optional item at most once
+    (in order), joined by `sep`; empty text when there are no items."""
+    if required:
+        parts = [f" {sep} ".join(required)]
+        parts += [f"({sep} {item})?" for item in optional]
+        return "(" + " ".join(parts) + ")"
+    if not optional:
+        return '""'
+    firsts = []
+    for i, first in enumerate(optional):
+        rest = " ".join(f"({sep} {item})?" for item in optional[i + 1 :])
+        firsts.append(f"{first} {rest}".strip())
+    return alternatives(firsts) + "?"
+
+
+def schema_type(schema: Any) -> str | None:
+    """The single JSON type a schema allows (`None` when unknown or several)."""
+    if not isinstance(schema, dict):
+        return None
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kinds = [k for k in kind if k != "null"]
+        kind = kinds[0] if len(kinds) == 1 and len(kind) == 1 else None
+    if isinstance(kind, str):
+        return kind
+    values = schema.get("enum", [schema["const"]] if "const" in schema else None)
+    if isinstance(values, list) and values and all(isinstance(v, str) for v in values):
+        return "string"
+    return None
+
+
+_PLAIN_STRING_KEYS = {"type", "description", "title", "default", "examples", "$comment"}
+
+
+def raw_string_values(schema: Any) -> list[str] | None:
+    """How a string parameter can be written raw: [] for any text, the allowed values for an
+    all-string enum / const, None when it is not a plain string (use JSON instead)."""
+    if schema_type(schema) != "string":
+        return None
+    values = schema.get("enum", [schema["const"]] if "const" in schema else None)
+    if values is not None:
+        return list(values) if all(isinstance(v, str) for v in values) else None
+    return [] if set(schema) <= _PLAIN_STRING_KEYS else None
+
+
+# --------------------------------------------------------------------------- the dialect base
+class Dialect:
+    """Base class of dialects. Subclasses set `name` and implement `grammar_source`."""
+
+    name: ClassVar[str] = ""
+    #: default reasoning mode when the request does not say: True (output starts in reasoning),
+    #: False (no reasoning), None (detected from the output)
+    reasoning_default: ClassVar[bool | None] = None
+    #: the `pegmask.dialects.native` renderer used when no chat template is given
+    native_renderer: ClassVar[str | None] = None
+
+    def __init__(self, *, chat_template: str | None = None, reasoning: bool | None = None,
+                 **options: Any):
+        if options:
+            raise TypeError(f"{type(self).__name__}: unknown options {sorted(options)}")
+        self.chat_template = chat_template
+        self.reasoning = self.reasoning_default if reasoning is None else reasoning
+        self._grammars: OrderedDict[tuple, Grammar] = OrderedDict()
+
+    # ----------------------------------------------------------------- prompt side
+    def render(self, messages: Any, tools: list[dict[str, Any]] | None = None,
+               add_generation_prompt: bool = True, **template_kwargs: Any) -> str:
+        """The prompt: the dialect's chat template when one was given, else its native
+        renderer."""
+        if self.chat_template is not None:
+            from pegmask.dialects.templating import render_chat_template
+
+            return render_chat_template(self.chat_template, messages, tools=tools,
+                                        add_generation_prompt=add_generation_prompt,
+                                        **template_kwargs)
+        if self.native_renderer is None:
+            raise ValueError(f"dialect {self.name!r} has no native renderer: pass chat_template=")
+        from pegmask.dialects.native import render_native
+
+        return render_native(self.native_renderer, messages, tools, add_generation_prompt,
+                             **template_kwargs)
+
+    # ----------------------------------------------------------------- grammars
+    def grammar_source(self, request: ChatRequest, strict: bool) -> tuple[str, dict[str, Any]]:
+        """PEG text (start rule `root`) and the schemas its `json(name)` calls use."""
+        raise NotImplementedError
+
+    def reasoning_mode(self, request: ChatRequest | None) -> bool | None:
+        """Reasoning on / off / detected, from the request, else the dialect's option."""
+        if request is None:
+            return self.reasoning
+        return request.reasoning_enabled(self.reasoning)
+
+    def grammar(self, request: ChatRequest | None = None) -> Grammar:
+        """The strict output grammar for `request` (what the token mask enforces)."""
+        return self._cached(request or ChatRequest(), strict=True)
+
+    def parse_grammar(self, request: ChatRequest | None = None) -> Grammar:
+        """The lenient grammar used to parse output of unconstrained models."""
+        return self._cached(request or ChatRequest(), strict=False)
+
+    def _cached(self, request: ChatRequest, strict: bool) -> Grammar:
+        key = self.grammar_key(request, strict)
+        grammar = self._grammars.get(key)
+        if grammar is None:
+            text, schemas = self.grammar_source(request, strict)
+            text += f"\npegmask_turn = @{TURN_TAG}:root\n"
+            grammar = Grammar.from_peg(text, start="pegmask_turn", schemas=schemas)
+            self._grammars[key] = grammar
+            if len(self._grammars) > _GRAMMAR_CACHE_SIZE:
+                self._grammars.popitem(last=False)
+        else:
+            self._grammars.move_to_end(key)
+        return grammar
+
+    def grammar_key(self, request: ChatRequest, strict: bool) -> tuple:
+        """What the grammar depends on (the lenient one only on the reasoning mode)."""
+        reasoning = self.reasoning_mode(request)
+        if not strict:
+            return (False, reasoning)
+        shape = {
+            "tools": {name: request.tool_schemas[name] for name in request.allowed_tools},
+            "min": request.min_calls,
+            "max": request.max_calls,
+            "response": request.response_schema,
+        }
+        return (True, reasoning, json.dumps(shape, sort_keys=True))
+
+    # ----------------------------------------------------------------- output side
+    def stream_parser(self, request: ChatRequest | None = None, vocab: Vocabulary | None = None,
+                      *, trusted: bool = False, seed: int | None = None) -> DialectStreamParser:
+        """A streaming parser for one output. `trusted`: the output was generated under
+        `grammar(request)`'s mask, so it is parsed with that grammar and calls stream eagerly."""
+        grammar = self.grammar(request) if trusted else self.parse_grammar(request)
+        return DialectStreamParser(grammar, request, vocab, trusted=trusted, seed=seed)
+
+    def parse(self, output: str | Sequence[int], request: ChatRequest | None = None,
+              vocab: Vocabulary | None = None, *, trusted: bool = False,
+              seed: int | None = None) -> Message:
+        """The OpenAI assistant message for a whole output (text, or token ids with `vocab`)."""
+        parser = self.stream_parser(request, vocab, trusted=trusted, seed=seed)
+        if isinstance(output, str):
+            parser.feed(output)
+        else:
+            parser.feed_tokens(output)
+        parser.finish()
+        return parser.message
+
+
+# --------------------------------------------------------------------------- turn-shaped dialects
+class TurnDialect(Dialect):
+    """Dialects whose output is `reasoning? content? calls?` (Hermes, Hermes XML, DSML).
+
+    The `.peg` file defines the rules that `root_rule` composes per request: `think_open`,
+    `think_close` (reasoning delimiters), `thought` (reasoning text after `think_open`), `eos`,
+    `calls_one` (a call region holding exactly one call), `calls_many` (one or more), `region`
+    (the lenient call region, repeatable with content between) and `tool` (a call's body)
+    defined as `$tools`: the choice of the ``#@ per tool`` template instantiated for each
+    allowed tool (strict), or `any_tool` (lenient). Dialects with per-parameter values also
+    have ``#@ per string parameter`` / ``#@ per json parameter`` templates and the rules
+    `param_sep`, `raw` (a raw string value) and `any_params` (used for a tool that declares
+    no properties). The shared rules `ws` and `text` (words separated by whitespace, so the
+    whitespace around reasoning and content stays framing) come from `PRELUDE`.
+    """
+
+    peg_file: ClassVar[str] = ""
+    #: whether a call region may end reasoning without `think_close` (when parsing)
+    implicit_reasoning_end: ClassVar[bool] = True
+    PRELUDE: ClassVar[str] = (
+        "ws   = [ \\t\\r\\n]*\n"
+        "text = word ([ \\t\\r\\n]+ word)*\n"
+        "word = [^ \\t\\r\\n]+\n"
+    )
+
+    def grammar_source(self, request: ChatRequest, strict: bool) -> tuple[str, dict[str, Any]]:
+        sections = peg_sections(load_peg(self.peg_file))
+        schemas: dict[str, Any] = {}
+        if strict and request.allowed_tools:
+            bodies = []
+            for i, name in enumerate(request.allowed_tools):
+                tool_text, tool_schemas = self.tool_rules(sections, i, name,
+                                                          request.tool_schemas[name])
+                bodies.append(tool_text)
+                schemas.update(tool_schemas)
+            tools = alternatives([f"tool_{i}" for i in range(len(bodies))])
+            extra = "".join(bodies)
+        else:
+            tools, extra = "any_tool", ""
+        text = fill(sections[""], tools=tools, **self.substitutions(strict))
+        root, answer_schema = self.root_rule(request, strict)
+        if answer_schema is not None:
+            schemas["response"] = answer_schema
+        return self.PRELUDE + text + extra + root, schemas
+
+    def substitutions(self, strict: bool) -> dict[str, str]:
+        """Extra `$placeholders` of the shared part (e.g. DSML's block name)."""
+        return {}
+
+    def tool_section(self) -> str:
+        """The `.peg` template section instantiated once per allowed tool."""
+        return "per tool"
+
+    def tool_rules(self, sections: dict[str, str], index: int, name: str,
+                   schema: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """The strict rules of tool `index` (rule `tool_<index>`) and their schemas.
+
+        The template gets `$i`, `$name` / `$name_json` (the name as a PEG literal, raw or as a
+        JSON string), `$schema` (the arguments' schema name) and `$params` (the parameter list,
+        for dialects with ``#@ per string parameter`` / ``#@ per json parameter`` sections).
+        """
+        schema_name = f"s_{index}"
+        params_text, params, schemas = self.param_rules(sections, index, schema)
+        text = fill(sections[self.tool_section()], i=index, name=peg_literal(name),
+                    name_json=peg_literal(json.dumps(name, ensure_ascii=False)),
+                    schema=schema_name, params=params)
+        return text + params_text, {schema_name: schema, **schemas}
+
+    def raw_values(self, schema: Any) -> list[str] | None:
+        """How a parameter is written raw ([] any text, or its allowed values), None: as JSON."""
+        return raw_string_values(schema)
+
+    def param_rules(self, sections: dict[str, str], index: int,
+                    schema: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
+        """Rules `p_<index>_<j>` for the declared properties, the expression listing them
+        (required ones in order, then each optional one at most once, joined by `param_sep`)
+        and the schemas of the JSON-valued ones. No declared properties: `any_params`."""
+        if "per json parameter" not in sections:
+            return "", '""', {}
+        properties = schema.get("properties")
+        if not isinstance(properties, dict) or not properties:
+            return "", "any_params", {}
+        required = set(schema.get("required") or ())
+        text, needed, optional, schemas = "", [], [], {}
+        for j, (key, sub) in enumerate(properties.items()):
+            rule, schema_name = f"p_{index}_{j}", f"s_{index}_{j}"
+            values = self.raw_values(sub)
+            if values is None:
+                text += fill(sections["per json parameter"], i=index, j=j,
+                             key=peg_literal(key), schema=schema_name)
+                schemas[schema_name] = sub
+            else:
+                value = alternatives([peg_literal(v) for v in values]) if values else "raw"
+                text += fill(sections["per string parameter"], i=index, j=j,
+                             key=peg_literal(key), value=value)
+            (needed if key in required else optional).append(rule)
+        return text, separated(needed, optional, "param_sep"), schemas
+
+    def root_rule(self, request: ChatRequest, strict: bool) -> tuple[str, Any]:
+        """The `root` rule for this request, and the answer's schema (or None).
+
+        Reasoning on: the output starts inside reasoning (`think_open` may be in the prompt or
+        the output); detected: only a leading `think_open` or a later `think_close` makes text
+        reasoning. Leniently, reasoning may also be cut off, or ended by a call region
+        (`implicit_reasoning_end`).
+        """
+        reasoning = self.reasoning_mode(request)
+        schema = request.response_schema if strict else None
+        if strict:
+            end = "think_close ws body"
+            answer = "@content:json(response) ws" if schema is not None else "@content:text ws"
+            calls = "calls_one ws" if request.max_calls == 1 else "calls_many ws"
+            if request.max_calls == 0:
+                body = f"({answer})? eos?"
+            elif request.min_calls == 0:
+                body = f"({answer})? ({calls})? eos?"
+            else:
+                body = f"{calls} eos?"
+        else:
+            implicit = " | region ws body" if self.implicit_reasoning_end else ""
+            end = f"(think_close ws body{implicit} | eos)?"
+            body = "(@content:text ws)? (region ws (@content:text ws)?)* eos?"
+        opened = f"ws (@reasoning:thought ws)? {end}"
+        root = {
+            True: f"think_open? {opened}",
+            False: "ws body",
+            None: f"think_open {opened} | (ws (@reasoning:text ws)? think_close)? ws body",
+        }[reasoning]
+        return f"root = {root}\nbody = {body}\n", schema
+
+
+# --------------------------------------------------------------------------- parsing to messages
+class _Call:
+    """A tool call being assembled from captures."""
+
+    def __init__(self, index: int, call_id: str, start: int):
+        self.index = index
+        self.id = call_id
+        self.start = start  # byte offset of the call in the output
+        self.name_parts: list[str] = []
+        self.name: str | None = None
+        self.pending: list[str] = []  # argument pieces written before the name was known
+        self.has_params = False
+        self.has_arguments = False
+        self.param: _Param | None = None
+
+
+class _Param:
+    """A parameter of an XML / DSML call: key, value kind and value text."""
+
+    def __init__(self) -> None:
+        self.key_parts: list[str] = []
+        self.key: str | None = None
+        self.kind: str | None = None
+        self.parts: list[str] = []
+        self.streamed = False
+
+
+class DialectStreamParser:
+    """Turns one output into OpenAI deltas and the final message (see the module docstring)."""
+
+    def __init__(self, grammar: Grammar, request: ChatRequest | None,
+                 vocab: Vocabulary | None, *, trusted: bool = False, seed: int | None = None):
+        self._parser = grammar.stream_parser()
+        self._schemas = request.tool_schemas if request is not None else {}
+        self._vocab = vocab
+        self._trusted = trusted
+        self._rng = random.Random(seed) if seed is not None else None
+        self._raw = bytearray()  # the whole output (special tokens as their spelling)
+        self._covered = 0  # bytes of the output that text events accounted for
+        self._failed = False  # after an error, everything else is content
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self._call: _Call | None = None
+        self._held: list[Delta] = []  # deltas of an untrusted call, released when it closes
+        self._out: list[Delta] = []
+        self._finished = False
+        self.incomplete = False  # a streamed (trusted) call was cut off or malformed
+        self.message: Message = {"role": "assistant", "content": None,
+                                 "reasoning_content": None, "tool_calls": []}
+
+    @property
+    def finish_reason(self) -> str:
+        """"tool_calls" when the message has calls, else "stop" (the engine sets "length")."""
+        return "tool_calls" if self.message["tool_calls"] else "stop"
+
+    # ----------------------------------------------------------------- input
+    def feed(self, text: str) -> list[Delta]:
+        """Feed output text (special tokens recognized by their spelling)."""
+        for ch in text:
+            self._unit(ch.encode("utf-8"), lambda ch=ch: self._parser.feed(ch))
+        return self._take()
+
+    def feed_tokens(self, token_ids: Sequence[int]) -> list[Delta]:
+        """Feed token ids (special tokens by id, so text cannot fake them); needs the vocab."""
+        if self._vocab is None:
+            raise ValueError("feed_tokens needs the vocabulary (pass vocab=)")
+        vocab = self._vocab
+        for token_id in token_ids:
+            data = vocab.token_bytes[token_id]
+            if data is None:
+                data = vocab.special_names.get(token_id, "").encode("utf-8")
+            self._unit(data, lambda t=token_id: self._parser.feed_tokens([t], vocab))
+        return self._take()
+
+    def finish(self) -> list[Delta]:
+        """End of output: flush, drop (or flag) a cut-off call, return the last deltas."""
+        if self._finished:
+            return []
+        self._finished = True
+        if not self._failed:
+            try:
+                self._events(self._parser.finish())
+            except ParseError:
+                self._truncated()
+        self._content(self._decoder.decode(b"", final=True))
+        return self._take()
+
+    # ----------------------------------------------------------------- internals
+    def _unit(self, data: bytes, feed: Any) -> None:
+        if self._finished:
+            raise ValueError("input after finish()")
+        self._raw += data
+        if self._failed:
+            self._content(self._decoder.decode(data))
+            return
+        try:
+            events = feed()
+        except ParseError:
+            self._malformed()
+            return
+        self._events(events)
+
+    def _take(self) -> list[Delta]:
+        out, self._out = _merge(self._out), []
+        return out
+
+    def _truncated(self) -> None:
+        """The output ended inside a call (or its framing): drop it, or flag a streamed one."""
+        if self._call is not None and self._trusted:
+            self.incomplete = True
+        self._held = []
+        self._call = None
+        self._failed = True
+
+    def _malformed(self) -> None:
+        """Input that the grammar cannot parse: the unparsed rest (from the start of an
+        unreleased call) becomes content."""
+        start = self._covered
+        if self._call is not None:
+            if self._trusted:
+                self.incomplete = True
+            else:
+                start = self._call.start
+        self._held = []
+        self._call = None
+        self._failed = True
+        self._content(self._decoder.decode(bytes(self._raw[start:])))
+
+    def _emit(self, delta: Delta) -> None:
+        if self._call is not None and not self._trusted:
+            self._held.append(delta)
+            return
+        self._out.append(delta)
+        _apply(self.message, delta)
+
+    def _content(self, text: str, field: str = "content") -> None:
+        if text:
+            self._emit({field: text})
+
+    def _events(self, events: list[Event]) -> None:
+        for event in events:
+            if event.kind == "text":
+                self._covered += len(event.text.encode("utf-8"))
+                self._text(event)
+            elif event.kind == "open":
+                self._open(event.tag)
+            else:
+                self._close(event.tag)
+
+    def _text(self, event: Event) -> None:
+        tag, text, call = event.tag, event.text, self._call
+        if tag in ("content", "reasoning"):
+            self._content(text, "content" if tag == "content" else "reasoning_content")
+        elif call is None:
+            return
+        elif tag in ("name", "name_json"):
+            call.name_parts.append(text)
+        elif tag == "arguments":
+            self._arguments(text)
+        elif call.param is not None:
+            param = call.param
+            if tag == "key":
+                param.key_parts.append(text)
+            elif tag in ("string", "json", "value"):
+                if param.streamed:
+                    self._arguments(_escape(text) if tag == "string" else text)
+                else:
+                    param.parts.append(text)
+
+    def _open(self, tag: str) -> None:
+        call = self._call
+        if tag == "call":
+            self._call = _Call(len(self.message["tool_calls"]), self._new_id(), self._covered)
+        elif call is None:
+            return
+        elif tag == "arguments":
+            call.has_arguments = True
+        elif tag == "param":
+            call.param = _Param()
+        elif tag in ("string", "json", "value") and call.param is not None:
+            param = call.param
+            param.kind = tag
+            param.streamed = self._streams(tag, param.key)
+            if param.streamed and tag == "string":
+                self._arguments('"')
+
+    def _close(self, tag: str) -> None:
+        call = self._call
+        if call is None:
+            return
+        if tag in ("name", "name_json"):
+            text = "".join(call.name_parts)
+            call.name = _json_text(text) if tag == "name_json" else text
+            self._emit({"tool_calls": [{"index": call.index, "id": call.id, "type": "function",
+                                        "function": {"name": call.name, "arguments": ""}}]})
+            if call.pending:
+                self._arguments("".join(call.pending))
+                call.pending = []
+        elif tag == "key" and call.param is not None:
+            param = call.param
+            param.key = "".join(param.key_parts)
+            self._arguments(("{" if not call.has_params else ", ") + _dumps(param.key) + ": ")
+            call.has_params = True
+        elif tag in ("string", "json", "value") and call.param is not None:
+            param = call.param
+            if param.streamed:
+                if tag == "string":
+                    self._arguments('"')
+            else:
+                self._arguments(self._convert(tag, param.key, "".join(param.parts)))
+        elif tag == "param":
+            call.param = None
+        elif tag == "call":
+            if not call.has_arguments:
+                self._arguments("}" if call.has_params else "{}")
+            self._call = None
+            held, self._held = self._held, []
+            for delta in held:
+                self._emit(delta)
+
+    def _arguments(self, piece: str) -> None:
+        call = self._call
+        if call is None or not piece:
+            return
+        if call.name is None:
+            call.pending.append(piece)
+            return
+        self._emit({"tool_calls": [{"index": call.index, "function": {"arguments": piece}}]})
+
+    def _property_schema(self, key: str | None) -> Any:
+        call = self._call
+        if call is None or key is None or call.name not in self._schemas:
+            return None
+        properties = self._schemas[call.name].get("properties")
+        return properties.get(key) if isinstance(properties, dict) else None
+
+    def _streams(self, kind: str, key: str | None) -> bool:
+        """Whether a value's pieces can be written as they come (its JSON form is known)."""
+        if kind == "string":
+            return schema_type(self._property_schema(key)) in ("string", None)
+        return kind == "json" and self._trusted
+
+    def _convert(self, kind: str, key: str | None, raw: str) -> str:
+        """The JSON text of a whole parameter value, typed by the tool schema when known.
+
+        `value` text loses one framing newline at each end; JSON that does not parse (and a
+        `string` the schema says is no string but that is no JSON either) stays a string.
+        """
+        if kind == "value":
+            raw = raw.removeprefix("\n").removesuffix("\n")
+            if schema_type(self._property_schema(key)) == "string":
+                return _dumps(raw)
+        text = raw.strip()
+        try:
+            value, exact = json.loads(text), True
+        except ValueError:
+            value, exact = _PYTHON_LITERALS.get(text, _INVALID), False
+        if value is _INVALID or (kind == "string" and isinstance(value, str)):
+            return _dumps(raw)
+        return text if exact and kind != "string" else _dumps(value)
+
+    def _new_id(self) -> str:
+        if self._rng is not None:
+            return f"call_{self._rng.getrandbits(96):024x}"
+        return f"call_{uuid.uuid4().hex[:24]}"
+
+
+_INVALID = object()
+_PYTHON_LITERALS = {"True": True, "False": False, "None": None}
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _escape(text: str) -> str:
+    """`text` escaped for the inside of a JSON string (valid piece by piece)."""
+    return _dumps(text)[1:-1]
+
+
+def _json_text(literal: str) -> str:
+    """The string a JSON string literal spells (the literal itself if it is not one)."""
+    try:
+        value = json.loads(literal)
+    except ValueError:
+        return literal
+    return value if isinstance(value, str) else literal
+
+
+def _apply(message: Message, delta: Delta) -> None:
+    """Accumulate one delta into a message (how clients rebuild a streamed message)."""
+    for field in ("content", "reasoning_content"):
+        if field in delta:
+            message[field] = (message[field] or "") + delta[field]
+    for piece in delta.get("tool_calls", []):
+        calls = message["tool_calls"]
+        if piece["index"] == len(calls):
+            calls.append({"id": piece.get("id"), "type": "function",
+                          "function": {"name": piece["function"].get("name"), "arguments": ""}})
+        calls[piece["index"]]["function"]["arguments"] += piece["function"].get("arguments", "")
+
+
+def accumulate(deltas: Sequence[Delta]) -> Message:
+    """The message a client rebuilds from streamed deltas."""
+    message: Message = {"role": "assistant", "content": None, "reasoning_content": None,
+                        "tool_calls": []}
+    for delta in deltas:
+        _apply(message, delta)
+    return message
+
+
+def _merge(deltas: list[Delta]) -> list[Delta]:
+    """Join adjacent text deltas of the same field and argument pieces of the same call."""
+    out: list[Delta] = []
+    for delta in deltas:
+        last = out[-1] if out else None
+        if last is not None and len(delta) == 1 and set(delta) == set(last):
+            field = next(iter(delta))
+            if field in ("content", "reasoning_content"):
+                out[-1] = {field: last[field] + delta[field]}
+                continue
+            new, old = delta["tool_calls"][0], last["tool_calls"][0]
+            if set(new) == {"index", "function"} and set(old) == {"index", "function"} \
+                    and new["index"] == old["index"]:
+                arguments = old["function"]["arguments"] + new["function"]["arguments"]
+                out[-1] = {"tool_calls": [{"index": new["index"],
+                                           "function": {"arguments": arguments}}]}
+                continue
+        out.append(delta)
+    return out

@@ -1,0 +1,183 @@
+"""`ChatRequest`: the per-request options that specialize a dialect's output grammar.
+
+It holds what an OpenAI chat request says about the *shape* of the answer: the tools, how
+tool calls are forced (`tool_choice`), whether several calls may come at once
+(`parallel_tool_calls`), whether the model reasons first (from `chat_template_kwargs`) and
+whether the answer must be JSON (`response_format`). Dialects read only the derived views
+(`tool_schemas`, `allowed_tools`, `min_calls`, `max_calls`, `response_schema`,
+`reasoning_enabled`), so every dialect interprets a request the same way.
+
+Public API (stable; other dialects and the engine build on it)::
+
+    req = ChatRequest(tools=[...], tool_choice="auto", parallel_tool_calls=True,
+                      chat_template_kwargs={"enable_thinking": False},
+                      response_format={"type": "json_schema", "json_schema": {"schema": {...}}})
+    req = ChatRequest.from_openai(body)      # an OpenAI request body (extra keys ignored)
+    req.tool_schemas       -> {name: parameters schema} of every declared tool, in order
+    req.allowed_tools      -> the names a call may use (tool_choice applied; [] for "none")
+    req.min_calls          -> 1 for "required" / a named tool, else 0
+    req.max_calls          -> 0 if no call can start, 1 without parallel calls, None = unbounded
+    req.response_schema    -> the JSON Schema the answer must follow, or None
+    req.reasoning_enabled(default) -> bool | None   (None: detect from the output)
+
+Invalid requests raise `RequestError` (a ValueError) at construction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+ToolChoice = str | dict[str, Any]
+
+
+class RequestError(ValueError):
+    """The request is inconsistent (unknown named tool, `required` without tools, a malformed
+    tool or response_format); servers map it to HTTP 400."""
+
+
+@dataclass
+class ChatRequest:
+    """The answer-shaping part of an OpenAI chat request (see the module docstring)."""
+
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    tool_choice: ToolChoice = "auto"
+    parallel_tool_calls: bool = True
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    response_format: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        self.tools = list(self.tools or [])
+        self.chat_template_kwargs = dict(self.chat_template_kwargs or {})
+        self._schemas = _tool_schemas(self.tools)
+        self._named = _named_tool(self.tool_choice)
+        if self._named is not None and self._named not in self._schemas:
+            raise RequestError(f"tool_choice names {self._named!r}, which is not among the tools")
+        if self.tool_choice == "required" and not self._schemas:
+            raise RequestError('tool_choice "required" needs at least one tool')
+        self._response_schema = _response_schema(self.response_format)
+
+    @classmethod
+    def from_openai(cls, body: dict[str, Any]) -> ChatRequest:
+        """Build from an OpenAI chat-completions request body; a top-level `reasoning_effort`
+        is moved into `chat_template_kwargs` unless that already sets one."""
+        kwargs = dict(body.get("chat_template_kwargs") or {})
+        if body.get("reasoning_effort") is not None:
+            kwargs.setdefault("reasoning_effort", body["reasoning_effort"])
+        parallel = body.get("parallel_tool_calls")
+        return cls(
+            tools=body.get("tools") or [],
+            tool_choice=body.get("tool_choice") or "auto",
+            parallel_tool_calls=True if parallel is None else bool(parallel),
+            chat_template_kwargs=kwargs,
+            response_format=body.get("response_format"),
+        )
+
+    # ----------------------------------------------------------------- derived views
+    @property
+    def tool_schemas(self) -> dict[str, dict[str, Any]]:
+        """Every declared tool's name and parameters schema, in declaration order."""
+        return self._schemas
+
+    @property
+    def named_tool(self) -> str | None:
+        """The tool forced by a named tool_choice, else None."""
+        return self._named
+
+    @property
+    def allowed_tools(self) -> list[str]:
+        """Names a call may use under tool_choice (empty when no call can start)."""
+        if self.tool_choice == "none":
+            return []
+        if self._named is not None:
+            return [self._named]
+        return list(self._schemas)
+
+    @property
+    def min_calls(self) -> int:
+        return 1 if self.tool_choice == "required" or self._named is not None else 0
+
+    @property
+    def max_calls(self) -> int | None:
+        if not self.allowed_tools:
+            return 0
+        return None if self.parallel_tool_calls else 1
+
+    @property
+    def response_schema(self) -> dict[str, Any] | bool | None:
+        """The JSON Schema the answer text must follow (`json_object` means any object)."""
+        return self._response_schema
+
+    def reasoning_enabled(self, default: bool | None = True) -> bool | None:
+        """Whether the model reasons before answering.
+
+        `reasoning_effort` in chat_template_kwargs wins, and only "none" disables; otherwise a
+        literal `enable_thinking: false` (or `thinking: false`) disables; else `default` (which
+        may be None: "detect it from the output").
+        """
+        kwargs = self.chat_template_kwargs
+        effort = kwargs.get("reasoning_effort")
+        if effort is not None:
+            return str(effort).lower() != "none"
+        for key in ("enable_thinking", "thinking"):
+            if kwargs.get(key) is False:
+                return False
+        return default
+
+
+def _tool_schemas(tools: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Name -> parameters schema; accepts OpenAI tool dicts and bare function dicts."""
+    schemas: dict[str, dict[str, Any]] = {}
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, dict):
+            raise RequestError(f"tools[{i}] is not an object")
+        if tool.get("type", "function") != "function":
+            raise RequestError(f"tools[{i}]: only function tools are supported")
+        function = tool.get("function", tool)
+        name = function.get("name") if isinstance(function, dict) else None
+        if not isinstance(name, str) or not name:
+            raise RequestError(f"tools[{i}] has no function name")
+        if name in schemas:
+            raise RequestError(f"tool {name!r} is declared twice")
+        parameters = function.get("parameters")
+        if parameters is None:
+            parameters = {"type": "object", "properties": {}}
+        if not isinstance(parameters, dict):
+            raise RequestError(f"tool {name!r}: parameters must be a JSON Schema object")
+        schemas[name] = parameters
+    return schemas
+
+
+def _named_tool(tool_choice: ToolChoice) -> str | None:
+    if isinstance(tool_choice, str):
+        if tool_choice not in ("auto", "required", "none"):
+            raise RequestError(f"tool_choice must be auto, required, none or a function, "
+                               f"not {tool_choice!r}")
+        return None
+    if isinstance(tool_choice, dict):
+        function = tool_choice.get("function")
+        name = function.get("name") if isinstance(function, dict) else tool_choice.get("name")
+        if tool_choice.get("type", "function") == "function" and isinstance(name, str):
+            return name
+    raise RequestError(f"malformed tool_choice: {tool_choice!r}")
+
+
+def _response_schema(response_format: dict[str, Any] | None) -> dict[str, Any] | bool | None:
+    if response_format is None:
+        return None
+    if not isinstance(response_format, dict):
+        raise RequestError("response_format must be an object")
+    kind = response_format.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "object"}
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")
+        if not isinstance(spec, dict):
+            raise RequestError('response_format "json_schema" needs a json_schema object')
+        schema = spec.get("schema", {})
+        if not isinstance(schema, (dict, bool)):
+            raise RequestError("response_format json_schema.schema must be a JSON Schema")
+        return schema
+    raise RequestError(f"unsupported response_format type {kind!r}")

@@ -1,0 +1,265 @@
+"""Request validation: everything about a generation request that can be checked before the
+model runs, so a bad request fails with a clear `InvalidRequestError` instead of mid-stream.
+
+A request is either a completion (a prompt string; a grammar constrains the whole output) or a
+chat (messages; tools, tool_choice and response_format go through the dialect as a
+`ChatRequest`). The structured-output formats are OpenAI's `json_schema` and `json_object` plus
+three pegmask extensions::
+
+    {"type": "regex", "regex": "[0-9]{3}-[0-9]{4}"}
+    {"type": "grammar", "grammar": "root = \\"yes\\" | \\"no\\""}     # the PEG DSL
+    {"type": "choice", "choice": ["red", "green", "blue"]}
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pegmask.dialects.request import ChatRequest, RequestError
+from pegmask.grammars import Grammar
+from pegmask.grammars.ir import Literal, choice
+
+DEFAULT_MAX_TOKENS = 512
+GRAMMAR_FORMATS = ("regex", "grammar", "choice")
+
+
+class InvalidRequestError(ValueError):
+    """A request that cannot be served. `param` names the offending field, as in OpenAI's error
+    objects (the server answers HTTP 400 with it)."""
+
+    def __init__(self, message: str, param: str | None = None):
+        self.param = param
+        super().__init__(message)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick tokens and when to stop (beyond EOS and the grammar)."""
+
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+
+@dataclass
+class GenerationRequest:
+    """A validated request. Exactly one of `prompt` and `messages` is set. `grammar` constrains
+    a completion's whole output, or a chat's content when a non-JSON format was asked for;
+    `chat` carries the answer-shaping options of a chat."""
+
+    prompt: str | None
+    messages: list[dict[str, Any]] | None
+    sampling: SamplingParams
+    chat: ChatRequest | None = None
+    grammar: Grammar | None = None
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_chat(self) -> bool:
+        return self.messages is not None
+
+
+def build_request(
+    prompt_or_messages: str | Sequence[Mapping[str, Any]],
+    *,
+    max_tokens: int | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    seed: int | None = None,
+    stop: str | Sequence[str] | None = None,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    tool_choice: str | Mapping[str, Any] | None = None,
+    parallel_tool_calls: bool | None = None,
+    response_format: Mapping[str, Any] | None = None,
+    grammar: Grammar | str | None = None,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
+) -> GenerationRequest:
+    """Validate the arguments of `Engine.generate` (see the module docstring)."""
+    sampling = SamplingParams(
+        max_tokens=_max_tokens(max_tokens),
+        temperature=_number("temperature", temperature, 1.0, low=0.0),
+        top_p=_top_p(top_p),
+        top_k=_top_k(top_k),
+        seed=_seed(seed),
+        stop=_stop(stop),
+    )
+    if grammar is not None and response_format is not None:
+        raise InvalidRequestError("pass either grammar or response_format, not both", "grammar")
+    constraint = _grammar_arg(grammar) if grammar is not None else None
+    kind = _format_type(response_format)
+    if kind in GRAMMAR_FORMATS:
+        constraint = grammar_for_format(response_format)
+    if isinstance(prompt_or_messages, str):
+        if not prompt_or_messages:
+            raise InvalidRequestError("prompt is empty", "prompt")
+        for name, value in (("tools", tools), ("tool_choice", tool_choice)):
+            if value:
+                raise InvalidRequestError(f"{name} needs a chat (a list of messages)", name)
+        if kind in ("json_schema", "json_object"):
+            constraint = grammar_for_format(response_format)
+        return GenerationRequest(prompt_or_messages, None, sampling, grammar=constraint)
+    messages = _messages(prompt_or_messages)
+    if constraint is not None and tools:
+        raise InvalidRequestError(
+            "a grammar, regex or choice cannot be combined with tools; use json_schema",
+            "response_format" if grammar is None else "grammar",
+        )
+    try:
+        chat = ChatRequest(
+            tools=list(tools or []),
+            tool_choice=tool_choice or "auto",
+            parallel_tool_calls=True if parallel_tool_calls is None else bool(parallel_tool_calls),
+            chat_template_kwargs=dict(chat_template_kwargs or {}),
+            response_format=None if constraint is not None else _plain(response_format),
+        )
+    except RequestError as exc:
+        raise InvalidRequestError(str(exc), _request_error_param(str(exc))) from exc
+    return GenerationRequest(
+        None, messages, sampling, chat=chat, grammar=constraint,
+        template_kwargs=dict(chat_template_kwargs or {}),
+    )
+
+
+def grammar_for_format(response_format: Mapping[str, Any]) -> Grammar:
+    """The grammar a structured-output `response_format` asks for (all five types)."""
+    kind = _format_type(response_format)
+    try:
+        if kind == "json_object":
+            return Grammar.from_json_schema({"type": "object"})
+        if kind == "json_schema":
+            spec = response_format.get("json_schema")
+            if not isinstance(spec, Mapping) or not isinstance(spec.get("schema", {}), (dict, bool)):
+                raise InvalidRequestError(
+                    "response_format json_schema needs {'json_schema': {'schema': {...}}}",
+                    "response_format",
+                )
+            return Grammar.from_json_schema(spec.get("schema", {}))
+        value = response_format.get(kind)
+        if kind == "regex" and isinstance(value, str):
+            return Grammar.from_regex(value)
+        if kind == "grammar" and isinstance(value, str):
+            return Grammar.from_peg(value)
+        if kind == "choice" and _string_list(value) and value:
+            return Grammar.from_node(choice(*(Literal.of(item) for item in value)))
+    except InvalidRequestError:
+        raise
+    except (ValueError, RecursionError) as exc:
+        raise InvalidRequestError(f"invalid response_format: {exc}", "response_format") from exc
+    raise InvalidRequestError(
+        f"response_format {kind!r} needs a {'non-empty list of strings' if kind == 'choice' else 'string'} "
+        f"under {kind!r}",
+        "response_format",
+    )
+
+
+# --------------------------------------------------------------------------- field checks
+def _format_type(response_format: Mapping[str, Any] | None) -> str | None:
+    if response_format is None:
+        return None
+    if not isinstance(response_format, Mapping):
+        raise InvalidRequestError("response_format must be an object", "response_format")
+    kind = response_format.get("type")
+    if kind == "text":
+        return None
+    if kind not in ("json_schema", "json_object", *GRAMMAR_FORMATS):
+        raise InvalidRequestError(
+            f"unsupported response_format type {kind!r}; expected text, json_schema, "
+            "json_object, regex, grammar or choice",
+            "response_format",
+        )
+    return kind
+
+
+def _grammar_arg(grammar: Grammar | str) -> Grammar:
+    if isinstance(grammar, Grammar):
+        return grammar
+    if not isinstance(grammar, str):
+        raise InvalidRequestError("grammar must be a Grammar or PEG text", "grammar")
+    try:
+        return Grammar.from_peg(grammar)
+    except ValueError as exc:
+        raise InvalidRequestError(f"invalid grammar: {exc}", "grammar") from exc
+
+
+def _messages(messages: Any) -> list[dict[str, Any]]:
+    if not isinstance(messages, Sequence) or isinstance(messages, (bytes, str)):
+        raise InvalidRequestError("messages must be a list of message objects", "messages")
+    if not messages:
+        raise InvalidRequestError("messages is empty", "messages")
+    for i, message in enumerate(messages):
+        if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
+            raise InvalidRequestError(f"messages[{i}] must be an object with a role", "messages")
+    return [dict(message) for message in messages]
+
+
+def _max_tokens(value: Any) -> int:
+    if value is None:
+        return DEFAULT_MAX_TOKENS
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidRequestError("max_tokens must be a positive integer", "max_tokens")
+    return value
+
+
+def _number(name: str, value: Any, default: float, *, low: float) -> float:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InvalidRequestError(f"{name} must be a number", name)
+    if value < low:
+        raise InvalidRequestError(f"{name} must be >= {low}", name)
+    return float(value)
+
+
+def _top_p(value: Any) -> float:
+    top_p = _number("top_p", value, 1.0, low=0.0)
+    if not 0.0 < top_p <= 1.0:
+        raise InvalidRequestError("top_p must be in (0, 1]", "top_p")
+    return top_p
+
+
+def _top_k(value: Any) -> int:
+    """`None`, 0 and -1 (vLLM's spelling) disable top-k."""
+    if value is None or value == -1:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidRequestError("top_k must be a non-negative integer (or -1)", "top_k")
+    return value
+
+
+def _seed(value: Any) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        raise InvalidRequestError("seed must be an integer", "seed")
+    return value
+
+
+def _stop(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    items = [value] if isinstance(value, str) else value
+    if not _string_list(items) or not all(items):
+        raise InvalidRequestError("stop must be a non-empty string or a list of them", "stop")
+    return tuple(dict.fromkeys(items))
+
+
+def _string_list(value: Any) -> bool:
+    return isinstance(value, (list, tuple)) and all(isinstance(item, str) for item in value)
+
+
+def _plain(value: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """A JSON-only copy (ChatRequest keys its grammar cache by the JSON text)."""
+    return None if value is None else json.loads(json.dumps(value))
+
+
+def _request_error_param(message: str) -> str:
+    for name in ("tool_choice", "response_format", "tools"):
+        if name in message:
+            return name
+    return "tools" if "tool" in message else "messages"

@@ -1,0 +1,657 @@
+"""The JSON Schema front-end: a schema to grammar IR rules for the JSON values it accepts.
+
+`schema_to_rules(schema, prefix=...)` lowers the schema to a normal form (a union of per-type
+atoms, see `json_schema_normal`) and emits IR from it (`json_schema_emit`). Decisions:
+
+* **Exact or an error.** A keyword is either enforced exactly by the grammar or rejected at
+  compile time with `UnsupportedSchemaError` (never silently skipped), except where noted here.
+  `ignore_keywords=("uniqueItems", ...)` lets a caller accept named keywords unenforced.
+* **oneOf is compiled as anyOf** (a grammar cannot say "exactly one"): values matching several
+  branches are accepted. This is the one built-in approximation.
+* **format** is enforced for the formats in `json_schema_formats.FORMATS`; unknown formats are
+  annotations (JSON Schema's default) and accept any string.
+* **Unknown keywords** (vendor extensions, `title`, `description`, `default`, `examples`, ...)
+  are annotations and ignored.
+* **additionalProperties** absent means "allowed" (the JSON Schema rule); `strict=True` treats
+  it as `false` on every object schema (OpenAI / xgrammar strict mode).
+* **$ref** siblings are ignored for drafts 4-7 (the draft rule) and applied (as allOf) for
+  2019-09, 2020-12 and schemas without `$schema`. Local references only (`#`, JSON pointers,
+  `$anchor`, `$id`s inside the document); recursion becomes grammar recursion.
+* **Numbers**: integers are written without fraction or exponent; bounds are exact (digit-range
+  construction); exponent notation is accepted only where the sign alone decides the bounds.
+  `multipleOf` is supported for steps k/10^d with small k.
+* **Whitespace**: "flexible" (default) allows up to `max_whitespace` whitespace characters
+  between tokens (never unbounded); "compact" allows none (`json.dumps(separators=(",", ":"))`).
+* **Property order**: "schema" accepts named properties in schema order only (each optional one
+  may be skipped), additional properties after them; "any" accepts any order for objects with at
+  most `ANY_ORDER_MAX_PROPERTIES` named properties (larger objects keep schema order).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from decimal import Decimal
+from typing import Any
+from urllib.parse import unquote
+
+from pegmask.grammars.errors import GrammarError, SchemaError, UnsupportedSchemaError
+from pegmask.grammars.ir import GrammarIR, Node
+from pegmask.grammars.json_schema_formats import FORMATS, format_node
+from pegmask.grammars.json_schema_normal import (
+    ANY,
+    NEVER,
+    Algebra,
+    ArrayAtom,
+    BoolAtom,
+    ConstAtom,
+    KeyRules,
+    NullAtom,
+    NumberAtom,
+    ObjectAtom,
+    PendingRef,
+    RefAtom,
+    Schema,
+    StringAtom,
+    is_number,
+    to_decimal,
+)
+from pegmask.grammars.json_schema_regular import CharDFA, NotCharLevel, RegularTooLarge
+from pegmask.grammars.program import check_rules
+from pegmask.grammars.regex import regex_to_node_search
+
+WHITESPACE_MODES = ("flexible", "compact")
+PROPERTY_ORDERS = ("schema", "any")
+DEFAULT_MAX_WHITESPACE = 16
+ANY_ORDER_MAX_PROPERTIES = 8
+
+TYPES = ("null", "boolean", "integer", "number", "string", "array", "object")
+_NON_OBJECT = Schema(tuple(a for a in ANY.atoms if not isinstance(a, ObjectAtom)))
+_NON_STRING = Schema(tuple(a for a in ANY.atoms if not isinstance(a, StringAtom)))
+_NON_NUMBER = Schema(tuple(a for a in ANY.atoms if not isinstance(a, NumberAtom)))
+_NON_ARRAY = Schema(tuple(a for a in ANY.atoms if not isinstance(a, ArrayAtom)))
+
+# Keywords no grammar can express (or not yet); any other keyword this module does not read
+# is an annotation.
+_UNSUPPORTED = ("$dynamicRef", "$recursiveRef", "unevaluatedItems")
+_COMBINATORS = ("allOf", "anyOf", "oneOf", "not", "$ref", "dependentSchemas", "dependencies", "if")
+
+
+def schema_to_rules(
+    schema: dict[str, Any] | bool,
+    *,
+    prefix: str,
+    whitespace: str = "flexible",
+    max_whitespace: int = DEFAULT_MAX_WHITESPACE,
+    property_order: str = "schema",
+    strict: bool = False,
+    ignore_keywords: Iterable[str] = (),
+) -> tuple[Node, dict[str, Node]]:
+    """IR for the JSON texts valid under `schema`: (root node, rules it references).
+
+    Every rule name starts with `prefix`. Raises `SchemaError` for an invalid schema (with the
+    JSON pointer of the offending subschema) and `UnsupportedSchemaError` for a keyword the
+    grammar cannot enforce; see the module docstring for the options.
+    """
+    from pegmask.grammars.json_schema_emit import Emitter
+
+    if whitespace not in WHITESPACE_MODES:
+        raise GrammarError(f"whitespace must be one of {WHITESPACE_MODES}, not {whitespace!r}")
+    if property_order not in PROPERTY_ORDERS:
+        raise GrammarError(f"property_order must be one of {PROPERTY_ORDERS}, not {property_order!r}")
+    if not isinstance(max_whitespace, int) or max_whitespace < 0:
+        raise GrammarError("max_whitespace must be a non-negative integer")
+    if isinstance(ignore_keywords, str):
+        ignore_keywords = (ignore_keywords,)
+    lowering = Lowering(schema, strict=strict, ignore=frozenset(ignore_keywords))
+    try:
+        root_schema = lowering.lower(schema, "")
+        emitter = Emitter(lowering, prefix=prefix,
+                          max_whitespace=max_whitespace if whitespace == "flexible" else 0,
+                          any_order=property_order == "any")
+        root, rules = emitter.emit_root(root_schema)
+    except RecursionError as exc:
+        raise SchemaError("schema is nested too deeply") from exc
+    try:
+        check_rules(GrammarIR({**rules, f"{prefix}_root": root}, start=f"{prefix}_root"))
+    except GrammarError as exc:
+        raise SchemaError(f"schema has a reference cycle that consumes no input ({exc})") from exc
+    return root, rules
+
+
+class Lowering:
+    """JSON Schema (dicts) to the normal form, with `$ref` resolution over the document."""
+
+    def __init__(self, document: Any, *, strict: bool, ignore: frozenset[str]):
+        self.document = document
+        self.strict = strict
+        self.ignore = ignore
+        self.legacy_refs = _legacy_draft(document)
+        self.ids: dict[str, str] = {}
+        self._index_ids(document, "")
+        self._lowered: dict[str, Schema] = {}
+        self._lowering: set[str] = set()
+        self._regex_dfas: dict[tuple[str, str], CharDFA] = {}
+        self.algebra = Algebra(self.expand, self.matches)
+
+    # ----------------------------------------------------------------- references
+    def expand(self, key: tuple) -> Schema:
+        """Content of a `RefAtom` key: ("ref", pointer), ("with", key, stored index) or
+        ("and", key, key, ...)."""
+        if key[0] == "ref":
+            if key[1] in self._lowering:
+                raise PendingRef(key[1])
+            return self.lower(self.at_pointer(key[1]), key[1])
+        if key[0] == "with":
+            return self.algebra.intersect(self.expand(key[1]), self.algebra.stored[key[2]])
+        result = ANY
+        for part in key[1:]:
+            result = self.algebra.intersect(result, self.expand(part))
+        return result
+
+    def _index_ids(self, schema: Any, pointer: str) -> None:
+        if not isinstance(schema, dict):
+            return
+        for name in ("$id", "id"):
+            if isinstance(schema.get(name), str):
+                self.ids.setdefault(schema[name].rstrip("#"), pointer)
+        if isinstance(schema.get("$anchor"), str):
+            self.ids.setdefault("#" + schema["$anchor"], pointer)
+        for key, sub in _subschemas(schema):
+            self._index_ids(sub, f"{pointer}/{key}")
+
+    def resolve(self, ref: str, pointer: str) -> str:
+        """The JSON pointer (in this document) that `ref` names."""
+        base, _, fragment = ref.partition("#")
+        target = ""
+        if base:
+            candidates = [p for uri, p in self.ids.items()
+                          if uri == base or uri.rsplit("/", 1)[-1] == base.rsplit("/", 1)[-1]]
+            if len(set(candidates)) != 1:
+                raise UnsupportedSchemaError("$ref", pointer, f"reference {ref!r} is not in this document")
+            target = candidates[0]
+        if fragment and not fragment.startswith("/"):
+            if "#" + fragment not in self.ids:
+                raise SchemaError(f"unresolvable $ref {ref!r}", pointer)
+            return self.ids["#" + fragment]
+        target += unquote(fragment)
+        try:
+            self.at_pointer(target)
+        except (KeyError, IndexError, ValueError, TypeError):
+            raise SchemaError(f"unresolvable $ref {ref!r}", pointer) from None
+        return target
+
+    def at_pointer(self, pointer: str) -> Any:
+        node = self.document
+        for token in pointer.split("/")[1:]:
+            token = token.replace("~1", "/").replace("~0", "~")
+            node = node[int(token)] if isinstance(node, list) else node[token]
+        return node
+
+    # ----------------------------------------------------------------- regular languages
+    def regex_dfa(self, kind: str, source: str, pointer: str = "") -> CharDFA:
+        """DFA of a `pattern` (search semantics) or of a known `format`."""
+        key = (kind, source)
+        if key not in self._regex_dfas:
+            node = self.regex_node(kind, source, pointer)
+            try:
+                self._regex_dfas[key] = CharDFA.from_node(node)
+            except (RegularTooLarge, NotCharLevel) as exc:
+                raise UnsupportedSchemaError(kind, pointer, f"{source!r}: {exc}") from exc
+        return self._regex_dfas[key]
+
+    def regex_node(self, kind: str, source: str, pointer: str = "") -> Node:
+        if kind == "format":
+            return format_node(source)
+        try:
+            return regex_to_node_search(source)
+        except GrammarError as exc:
+            raise UnsupportedSchemaError("pattern", pointer, str(exc)) from exc
+
+    def matches(self, kind: str, source: str, text: str) -> bool:
+        return self.regex_dfa(kind, source).matches(text)
+
+    # ----------------------------------------------------------------- lowering
+    def lower(self, schema: Any, pointer: str) -> Schema:
+        """The normal form of the subschema at `pointer` (memoized per location)."""
+        if schema is True:
+            return ANY
+        if schema is False:
+            return NEVER
+        if not isinstance(schema, dict):
+            raise SchemaError(f"a schema must be an object or a boolean, not {type(schema).__name__}", pointer)
+        if pointer in self._lowered:
+            return self._lowered[pointer]
+        if pointer in self._lowering:
+            raise SchemaError("schema refers to itself without consuming input", pointer)
+        self._lowering.add(pointer)
+        try:
+            result = self._lower(schema, pointer)
+        finally:
+            self._lowering.discard(pointer)
+        self._lowered[pointer] = result
+        return result
+
+    def _lower(self, schema: dict[str, Any], pointer: str) -> Schema:
+        for keyword in _UNSUPPORTED:
+            if keyword in schema and keyword not in self.ignore:
+                raise UnsupportedSchemaError(keyword, pointer)
+        if "if" in schema and ("then" in schema or "else" in schema) and "if" not in self.ignore:
+            raise UnsupportedSchemaError("if", pointer, "if/then/else is not supported")
+        if "$ref" in schema:
+            ref = schema["$ref"]
+            if not isinstance(ref, str):
+                raise SchemaError("$ref must be a string", pointer)
+            target = RefAtom(("ref", self.resolve(ref, pointer)))
+            if self.legacy_refs:
+                return Schema((target,))
+            result = Schema((target,))
+        else:
+            result = ANY
+        intersect = self.algebra.intersect
+        result = intersect(result, self._typed(schema, pointer))
+        for i, sub in enumerate(_list(schema, "allOf", pointer)):
+            result = intersect(result, self.lower(sub, f"{pointer}/allOf/{i}"))
+        for keyword in ("anyOf", "oneOf"):
+            if keyword in schema:
+                branches = [self.lower(sub, f"{pointer}/{keyword}/{i}")
+                            for i, sub in enumerate(_list(schema, keyword, pointer))]
+                result = intersect(result, self.algebra.union(branches))
+        if "not" in schema:
+            result = intersect(result, self.negate(schema["not"], f"{pointer}/not"))
+        result = intersect(result, self._dependencies(schema, pointer))
+        if "const" in schema or "enum" in schema:
+            values = [schema["const"]] if "const" in schema else schema["enum"]
+            if not isinstance(values, list):
+                raise SchemaError("enum must be an array", pointer)
+            atoms: list[ConstAtom] = []
+            try:
+                for value in values:
+                    atom = ConstAtom.of(value)
+                    if atom not in atoms and self.algebra.accepts(result, value):
+                        atoms.append(atom)
+            except PendingRef as exc:
+                raise UnsupportedSchemaError(
+                    "enum", pointer, "next to a $ref back into an enclosing schema") from exc
+            result = Schema(tuple(atoms))
+        return result
+
+    def _typed(self, schema: dict[str, Any], pointer: str) -> Schema:
+        """Atoms for `type` and the type-specific keywords."""
+        declared = schema.get("type")
+        if declared is None:
+            types = set(TYPES) - {"integer"}
+        else:
+            names = [declared] if isinstance(declared, str) else declared
+            if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+                raise SchemaError("type must be a string or an array of strings", pointer)
+            for name in names:
+                if name not in TYPES:
+                    raise SchemaError(f"unknown type {name!r}", pointer)
+            types = set(names)
+            if "number" in types:
+                types.discard("integer")
+            if schema.get("nullable") is True:
+                types.add("null")
+        atoms: list = []
+        for name in TYPES:
+            if name not in types:
+                continue
+            if name == "null":
+                atoms.append(NullAtom())
+            elif name == "boolean":
+                atoms.append(BoolAtom())
+            elif name in ("integer", "number"):
+                atoms.append(self._number(schema, pointer, name == "integer"))
+            elif name == "string":
+                atoms.append(self._string(schema, pointer))
+            elif name == "array":
+                atoms.append(self._array(schema, pointer))
+            else:
+                atoms.append(self._object(schema, pointer))
+        if declared is None and tuple(atoms) == ANY.atoms:
+            return ANY
+        return Schema(tuple(atoms))
+
+    def _number(self, schema: dict[str, Any], pointer: str, integer: bool) -> NumberAtom:
+        lo, lo_x = _decimal(schema, "minimum", pointer), False
+        hi, hi_x = _decimal(schema, "maximum", pointer), False
+        for keyword, is_min in (("exclusiveMinimum", True), ("exclusiveMaximum", False)):
+            value = schema.get(keyword)
+            if value is None:
+                continue
+            if isinstance(value, bool):  # draft 4: a flag on minimum / maximum
+                if is_min:
+                    lo_x = value and lo is not None
+                else:
+                    hi_x = value and hi is not None
+                continue
+            bound = _decimal(schema, keyword, pointer)
+            if is_min and (lo is None or bound >= lo):
+                lo, lo_x = bound, True
+            elif not is_min and (hi is None or bound <= hi):
+                hi, hi_x = bound, True
+        if lo is not None and hi is not None and (lo > hi or (lo == hi and (lo_x or hi_x))):
+            raise SchemaError("contradictory numeric bounds", pointer)
+        multiples: tuple[Decimal, ...] = ()
+        if "multipleOf" in schema:
+            step = _decimal(schema, "multipleOf", pointer)
+            if step <= 0:
+                raise SchemaError("multipleOf must be greater than 0", pointer)
+            multiples = (step,)
+        return NumberAtom(integer, lo, lo_x, hi, hi_x, multiples, pointer)
+
+    def _string(self, schema: dict[str, Any], pointer: str) -> StringAtom:
+        lo = _count(schema, "minLength", pointer) or 0
+        hi = _count(schema, "maxLength", pointer)
+        if hi is not None and lo > hi:
+            raise SchemaError("minLength is greater than maxLength", pointer)
+        patterns: tuple[str, ...] = ()
+        if "pattern" in schema:
+            pattern = schema["pattern"]
+            if not isinstance(pattern, str):
+                raise SchemaError("pattern must be a string", pointer)
+            self.regex_dfa("pattern", pattern, f"{pointer}/pattern")
+            patterns = (pattern,)
+        formats: tuple[str, ...] = ()
+        fmt = schema.get("format")
+        if fmt is not None and not isinstance(fmt, str):
+            raise SchemaError("format must be a string", pointer)
+        if fmt in FORMATS and "format" not in self.ignore:
+            formats = (fmt,)
+        return StringAtom(lo, hi, patterns, formats, pointer=pointer)
+
+    def _array(self, schema: dict[str, Any], pointer: str) -> ArrayAtom:
+        items = schema.get("items")
+        prefix: tuple[Schema, ...] = ()
+        rest: Schema | None = None
+        if "prefixItems" in schema:
+            prefix = tuple(self.lower(s, f"{pointer}/prefixItems/{i}")
+                           for i, s in enumerate(_list(schema, "prefixItems", pointer)))
+            if items is not None:
+                rest = self.lower(items, f"{pointer}/items")
+        elif isinstance(items, list):
+            prefix = tuple(self.lower(s, f"{pointer}/items/{i}") for i, s in enumerate(items))
+            if "additionalItems" in schema:
+                rest = self.lower(schema["additionalItems"], f"{pointer}/additionalItems")
+        elif items is not None:
+            rest = self.lower(items, f"{pointer}/items")
+        lo = _count(schema, "minItems", pointer) or 0
+        hi = _count(schema, "maxItems", pointer)
+        if hi is not None and lo > hi:
+            raise SchemaError("minItems is greater than maxItems", pointer)
+        contains: tuple[Schema, ...] = ()
+        if "contains" in schema:
+            low = _count(schema, "minContains", pointer)
+            if "maxContains" in schema and "maxContains" not in self.ignore:
+                raise UnsupportedSchemaError("maxContains", pointer)
+            if low != 0:
+                if low not in (None, 1) and "minContains" not in self.ignore:
+                    raise UnsupportedSchemaError("minContains", pointer, "only 0 or 1 is supported")
+                contains = (self.lower(schema["contains"], f"{pointer}/contains"),)
+        unique = schema.get("uniqueItems", False)
+        if not isinstance(unique, bool):
+            raise SchemaError("uniqueItems must be a boolean", pointer)
+        if unique and "uniqueItems" not in self.ignore and (hi is None or hi > 1):
+            raise UnsupportedSchemaError("uniqueItems", pointer, "a grammar cannot compare items")
+        return ArrayAtom(prefix, rest, lo, hi, contains, pointer)
+
+    def _object(self, schema: dict[str, Any], pointer: str) -> ObjectAtom:
+        properties = tuple((name, self.lower(sub, f"{pointer}/properties/{_escape(name)}"))
+                           for name, sub in _dict(schema, "properties", pointer).items())
+        patterns = []
+        for pattern, sub in _dict(schema, "patternProperties", pointer).items():
+            self.regex_dfa("pattern", pattern, f"{pointer}/patternProperties")
+            patterns.append((pattern, self.lower(sub, f"{pointer}/patternProperties/{_escape(pattern)}")))
+        additional: Schema | None = None
+        if "additionalProperties" in schema:
+            additional = self.lower(schema["additionalProperties"], f"{pointer}/additionalProperties")
+        elif "unevaluatedProperties" in schema:
+            if any(k in schema for k in _COMBINATORS) and "unevaluatedProperties" not in self.ignore:
+                raise UnsupportedSchemaError(
+                    "unevaluatedProperties", pointer, "only without combinators or $ref")
+            if "unevaluatedProperties" not in self.ignore:
+                additional = self.lower(schema["unevaluatedProperties"], f"{pointer}/unevaluatedProperties")
+        elif self.strict and _is_object_schema(schema):
+            additional = NEVER
+        required = schema.get("required", [])
+        if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
+            if isinstance(required, bool):  # draft 3 style: an annotation here
+                required = []
+            else:
+                raise SchemaError("required must be an array of strings", pointer)
+        lo = _count(schema, "minProperties", pointer) or 0
+        hi = _count(schema, "maxProperties", pointer)
+        if hi is not None and lo > hi:
+            raise SchemaError("minProperties is greater than maxProperties", pointer)
+        names: tuple[Schema, ...] = ()
+        if "propertyNames" in schema:
+            names = (self.lower(schema["propertyNames"], f"{pointer}/propertyNames"),)
+        rules: tuple[KeyRules, ...] = ()
+        if properties or patterns or additional is not None:
+            rules = (KeyRules(properties, tuple(patterns), additional),)
+        return ObjectAtom(rules, frozenset(required), lo, hi, names, pointer)
+
+    def _dependencies(self, schema: dict[str, Any], pointer: str) -> Schema:
+        """`dependentRequired` / `dependentSchemas` / `dependencies` as a union per key:
+        the key is absent, or present together with what it requires."""
+        result = ANY
+        for keyword in ("dependentRequired", "dependentSchemas", "dependencies"):
+            for key, need in _dict(schema, keyword, pointer).items():
+                where = f"{pointer}/{keyword}/{_escape(key)}"
+                absent = ObjectAtom((KeyRules(((key, NEVER),)),))
+                if isinstance(need, list):
+                    if not all(isinstance(n, str) for n in need):
+                        raise SchemaError("dependent keys must be strings", where)
+                    present = Schema((ObjectAtom(required=frozenset([key, *need])),))
+                else:
+                    present = self.algebra.intersect(
+                        Schema((ObjectAtom(required=frozenset([key])),)), self.lower(need, where))
+                case = self.algebra.union([_NON_OBJECT, Schema((absent,)), present])
+                result = self.algebra.intersect(result, case)
+        return result
+
+    # ----------------------------------------------------------------- not
+    def negate(self, schema: Any, pointer: str) -> Schema:
+        """The complement of a subschema, for the forms a grammar can express."""
+        if schema is True or schema == {}:
+            return NEVER
+        if schema is False:
+            return ANY
+        if not isinstance(schema, dict):
+            raise SchemaError("not must be a schema", pointer)
+        groups = _assertion_groups(schema)
+        return self.algebra.union([self._negate_group(schema, g, pointer) for g in groups])
+
+    def _negate_group(self, schema: dict[str, Any], group: tuple[str, ...], pointer: str) -> Schema:
+        keyword = group[0]
+        value = schema[keyword]
+        algebra = self.algebra
+        if group == ("type",):
+            kept = self._typed({"type": value}, pointer)
+            if any(isinstance(a, NumberAtom) and a.integer for a in kept.atoms):
+                raise UnsupportedSchemaError("not", pointer, "not integer")
+            return Schema(tuple(a for a in ANY.atoms if a not in kept.atoms))
+        if keyword in ("enum", "const"):
+            values = [value] if keyword == "const" else value
+            if not isinstance(values, list):
+                raise SchemaError("enum must be an array", pointer)
+            return self._excluding(values, pointer)
+        if group == ("required",):
+            if not value:
+                return NEVER
+            absent = [Schema((ObjectAtom((KeyRules(((k, NEVER),)),)),)) for k in value]
+            return algebra.union([_NON_OBJECT, *absent])
+        if group == ("pattern",):
+            self.regex_dfa("pattern", value, pointer)
+            return algebra.union([_NON_STRING, Schema((StringAtom(not_patterns=(value,)),))])
+        if group in (("minLength",), ("maxLength",)):
+            n = _count(schema, keyword, pointer)
+            if keyword == "minLength" and n == 0:
+                return NEVER
+            atom = StringAtom(max_length=n - 1) if keyword == "minLength" else StringAtom(min_length=n + 1)
+            return algebra.union([_NON_STRING, Schema((atom,))])
+        if group in (("minItems",), ("maxItems",)):
+            n = _count(schema, keyword, pointer)
+            if keyword == "minItems" and n == 0:
+                return NEVER
+            atom = ArrayAtom(max_items=n - 1) if keyword == "minItems" else ArrayAtom(min_items=n + 1)
+            return algebra.union([_NON_ARRAY, Schema((atom,))])
+        if group in (("minimum",), ("maximum",), ("exclusiveMinimum",), ("exclusiveMaximum",)):
+            bound = _decimal(schema, keyword, pointer)
+            below = keyword in ("minimum", "exclusiveMinimum")
+            strict = keyword == "minimum" or keyword == "maximum"
+            atom = NumberAtom(maximum=bound, exclusive_maximum=strict) if below \
+                else NumberAtom(minimum=bound, exclusive_minimum=strict)
+            return algebra.union([_NON_NUMBER, Schema((atom,))])
+        if group == ("anyOf",):
+            result = ANY
+            for i, sub in enumerate(_list(schema, "anyOf", pointer)):
+                result = algebra.intersect(result, self.negate(sub, f"{pointer}/anyOf/{i}"))
+            return result
+        if group == ("allOf",):
+            return algebra.union([self.negate(sub, f"{pointer}/allOf/{i}")
+                                  for i, sub in enumerate(_list(schema, "allOf", pointer))])
+        if group == ("not",):
+            return self.lower(value, f"{pointer}/not")
+        if group == ("$ref",):
+            target = self.resolve(value, pointer)
+            if target in self._lowering:
+                raise UnsupportedSchemaError("not", pointer, "recursive schema under not")
+            self._lowering.add(target)
+            try:
+                return self.negate(self.at_pointer(target), target)
+            finally:
+                self._lowering.discard(target)
+        if group == ("properties",) and isinstance(value, dict):
+            cases = [_NON_OBJECT]
+            for name, sub in value.items():
+                negated = self.negate(sub, f"{pointer}/properties/{_escape(name)}")
+                if negated.atoms:
+                    cases.append(Schema((ObjectAtom((KeyRules(((name, negated),)),),
+                                                    frozenset([name])),)))
+            return algebra.union(cases)
+        raise UnsupportedSchemaError("not", pointer, f"cannot negate {', '.join(group)}")
+
+    def _excluding(self, values: list[Any], pointer: str) -> Schema:
+        """Everything except the given constants (strings, null, booleans only)."""
+        atoms: list = []
+        for atom in ANY.atoms:
+            kind = [v for v in values if self.algebra.accepts(Schema((atom,)), v)]
+            if not kind:
+                atoms.append(atom)
+            elif isinstance(atom, StringAtom):
+                atoms.append(StringAtom(excluded=tuple(kind)))
+            elif isinstance(atom, BoolAtom):
+                atoms.extend(ConstAtom.of(b) for b in (True, False) if b not in kind)
+            elif not isinstance(atom, NullAtom):
+                raise UnsupportedSchemaError("not", pointer, "excluding numbers, arrays or objects")
+        return Schema(tuple(atoms))
+
+
+# ---------------------------------------------------------------------------- helpers
+_GROUPS = (
+    ("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum"),
+    ("properties", "patternProperties", "additionalProperties"),
+    ("items", "additionalItems", "prefixItems"), ("contains", "minContains", "maxContains"),
+    ("if", "then", "else"),
+)
+_ASSERTIONS = frozenset((
+    "type", "enum", "const", "$ref", "allOf", "anyOf", "oneOf", "not", "minimum", "maximum",
+    "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "minLength", "maxLength", "pattern",
+    "format", "items", "prefixItems", "additionalItems", "minItems", "maxItems", "contains",
+    "minContains", "maxContains", "uniqueItems", "properties", "patternProperties",
+    "additionalProperties", "required", "minProperties", "maxProperties", "propertyNames",
+    "dependentRequired", "dependentSchemas", "dependencies", "if", "then", "else",
+    "unevaluatedProperties", "unevaluatedItems", "nullable",
+))
+
+
+def _assertion_groups(schema: dict[str, Any]) -> list[tuple[str, ...]]:
+    """The schema's assertion keywords, grouped where keywords only mean something together
+    (so `not` can negate each group: not (A and B) = not A or not B)."""
+    present = [k for k in schema if k in _ASSERTIONS]
+    groups: list[tuple[str, ...]] = []
+    for group in _GROUPS:
+        found = tuple(k for k in group if k in present)
+        if found:
+            groups.append(found)
+    grouped = {k for g in _GROUPS for k in g}
+    groups += [(k,) for k in present if k not in grouped]
+    if any(isinstance(schema.get(k), bool) for k in ("exclusiveMinimum", "exclusiveMaximum")):
+        raise UnsupportedSchemaError("not", "", "draft-4 exclusive bounds under not")
+    return groups
+
+
+def _subschemas(schema: dict[str, Any]) -> Iterable[tuple[str, Any]]:
+    """(pointer suffix, subschema) for every subschema position (for indexing `$id`s)."""
+    for key in ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas",
+                "dependencies"):
+        value = schema.get(key)
+        if isinstance(value, dict):
+            for name, sub in value.items():
+                yield f"{key}/{_escape(name)}", sub
+    for key in ("items", "prefixItems", "allOf", "anyOf", "oneOf"):
+        value = schema.get(key)
+        if isinstance(value, list):
+            for i, sub in enumerate(value):
+                yield f"{key}/{i}", sub
+        elif isinstance(value, dict):
+            yield key, value
+    for key in ("additionalProperties", "additionalItems", "not", "contains", "propertyNames",
+                "if", "then", "else", "unevaluatedProperties", "unevaluatedItems"):
+        if isinstance(schema.get(key), dict):
+            yield key, schema[key]
+
+
+def _is_object_schema(schema: dict[str, Any]) -> bool:
+    """Whether `strict` applies: the schema is about objects (by type or keywords)."""
+    declared = schema.get("type")
+    if declared == "object" or (isinstance(declared, list) and "object" in declared):
+        return True
+    return any(k in schema for k in ("properties", "patternProperties", "required"))
+
+
+def _legacy_draft(document: Any) -> bool:
+    """Drafts 3-7 ignore the siblings of `$ref`."""
+    uri = document.get("$schema", "") if isinstance(document, dict) else ""
+    return isinstance(uri, str) and any(f"draft-0{n}" in uri for n in (3, 4, 6, 7))
+
+
+def _escape(token: str) -> str:
+    return token.replace("~", "~0").replace("/", "~1")
+
+
+def _list(schema: dict[str, Any], keyword: str, pointer: str) -> list[Any]:
+    value = schema.get(keyword, [])
+    if not isinstance(value, list):
+        raise SchemaError(f"{keyword} must be an array", pointer)
+    return value
+
+
+def _dict(schema: dict[str, Any], keyword: str, pointer: str) -> dict[str, Any]:
+    value = schema.get(keyword, {})
+    if not isinstance(value, dict):
+        raise SchemaError(f"{keyword} must be an object", pointer)
+    return value
+
+
+def _decimal(schema: dict[str, Any], keyword: str, pointer: str) -> Decimal | None:
+    value = schema.get(keyword)
+    if value is None:
+        return None
+    if not is_number(value) or (isinstance(value, float) and not math.isfinite(value)):
+        raise SchemaError(f"{keyword} must be a number", pointer)
+    return to_decimal(value)
+
+
+def _count(schema: dict[str, Any], keyword: str, pointer: str) -> int | None:
+    value = schema.get(keyword)
+    if value is None:
+        return None
+    if not is_number(value) or value < 0 or value != int(value):
+        raise SchemaError(f"{keyword} must be a non-negative integer", pointer)
+    return int(value)
+
+
+__all__ = ["ANY_ORDER_MAX_PROPERTIES", "DEFAULT_MAX_WHITESPACE", "Lowering", "schema_to_rules"]

@@ -1,0 +1,442 @@
+"""JSON tokens as grammar IR, for the JSON Schema front-end: string characters with their
+escapes, numbers within bounds, multiples, and literal JSON values.
+
+Spelling rule (one rule everywhere, so enum values, keys, patterns and free strings agree):
+printable ASCII is written as itself (`/` may also be `\\/`; `"` and `\\` only as `\\"` and
+`\\\\`), control characters as a short escape (`\\n`) or `\\u00XX`, and every other character
+either as itself (UTF-8) or as a `\\uXXXX` escape, astral characters as a surrogate pair.
+Lone surrogates are not accepted: a JSON string here always decodes to Unicode scalar values,
+so one escape (or one pair) is one character for `minLength` / `maxLength`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from decimal import Decimal
+
+from pegmask.grammars.ir import (
+    EMPTY,
+    MAX_UNICODE,
+    ByteClass,
+    CharClass,
+    Choice,
+    Literal,
+    Node,
+    Repeat,
+    Seq,
+    choice,
+    optional,
+    seq,
+)
+from pegmask.grammars.json_schema_regular import CharDFA, class_ranges
+
+QUOTE = Literal(b'"')
+DIGIT = CharClass(((0x30, 0x39),))
+NONZERO = CharClass(((0x31, 0x39),))
+DIGITS = Repeat(DIGIT, 1, None)
+_SHORT_ESCAPES = {0x08: b"b", 0x09: b"t", 0x0A: b"n", 0x0C: b"f", 0x0D: b"r"}
+_SURROGATES = (0xD800, 0xDFFF)
+
+
+# ---------------------------------------------------------------------------- digit ranges
+DigitClass = Callable[[int, int], Node]
+
+
+def decimal_digit(lo: int, hi: int) -> Node:
+    return Literal(bytes([0x30 + lo])) if lo == hi else CharClass(((0x30 + lo, 0x30 + hi),))
+
+
+def hex_digit(lo: int, hi: int) -> Node:
+    """Hex digits lo..hi, letters in either case."""
+    ranges: list[tuple[int, int]] = []
+    if lo <= 9:
+        ranges.append((0x30 + lo, 0x30 + min(hi, 9)))
+    if hi >= 10:
+        a, b = max(lo, 10) - 10, hi - 10
+        ranges += [(0x41 + a, 0x41 + b), (0x61 + a, 0x61 + b)]
+    if len(ranges) == 1 and ranges[0][0] == ranges[0][1]:
+        return Literal(bytes([ranges[0][0]]))
+    return CharClass(tuple(ranges))
+
+
+def fixed_width_range(lo: int, hi: int, width: int, base: int, digit: DigitClass) -> Node:
+    """Strings of exactly `width` base-`base` digits whose value lies in [lo, hi]."""
+    if width == 0:
+        return EMPTY
+    unit = base ** (width - 1)
+    (ld, lr), (hd, hr) = divmod(lo, unit), divmod(hi, unit)
+    if ld == hd:
+        return seq(digit(ld, ld), fixed_width_range(lr, hr, width - 1, base, digit))
+    alts: list[Node] = []
+    first_full, last_full = ld + (lr != 0), hd - (hr != unit - 1)
+    if lr != 0:
+        alts.append(seq(digit(ld, ld), fixed_width_range(lr, unit - 1, width - 1, base, digit)))
+    if first_full <= last_full:
+        rest = Repeat(digit(0, base - 1), width - 1, width - 1) if width > 1 else EMPTY
+        alts.append(seq(digit(first_full, last_full), rest))
+    if hr != unit - 1:
+        alts.append(seq(digit(hd, hd), fixed_width_range(0, hr, width - 1, base, digit)))
+    return choice(*alts)
+
+
+def natural_range(lo: int, hi: int | None) -> Node | None:
+    """Decimal naturals without leading zeros in [lo, hi] (hi None: unbounded)."""
+    if hi is not None and hi < lo:
+        return None
+    alts: list[Node] = []
+    top = len(str(lo)) if hi is None else len(str(hi))
+    for width in range(len(str(lo)), top + 1):
+        wlo = max(lo, 10 ** (width - 1) if width > 1 else 0)
+        whi = 10**width - 1 if hi is None else min(hi, 10**width - 1)
+        if wlo <= whi:
+            alts.append(fixed_width_range(wlo, whi, width, 10, decimal_digit))
+    if hi is None:
+        alts.append(seq(NONZERO, Repeat(DIGIT, top, None)))
+    return choice(*alts)
+
+
+def integer_range(lo: int | None, hi: int | None) -> Node | None:
+    """JSON integers (`-0` included when 0 is allowed) in [lo, hi]; None when empty."""
+    alts: list[Node] = []
+    if hi is None or hi >= 0:
+        node = natural_range(max(lo, 0) if lo is not None else 0, hi)
+        if node is not None:
+            alts.append(node)
+    if lo is None or lo <= 0:
+        low_mag = 0 if hi is None or hi >= 0 else -hi
+        node = natural_range(low_mag, None if lo is None else -lo)
+        if node is not None:
+            alts.append(seq(Literal(b"-"), node))
+    return choice(*alts) if alts else None
+
+
+# ---------------------------------------------------------------------------- numbers
+FRACTION = seq(Literal(b"."), DIGITS)
+EXPONENT = seq(CharClass(((0x45, 0x45), (0x65, 0x65))), optional(CharClass(((0x2B, 0x2B), (0x2D, 0x2D)))), DIGITS)
+INTEGER = seq(optional(Literal(b"-")), choice(Literal(b"0"), seq(NONZERO, Repeat(DIGIT, 0, None))))
+NUMBER = seq(INTEGER, optional(FRACTION), optional(EXPONENT))
+
+
+def _fraction_digits(value: Decimal) -> tuple[int, str]:
+    """(integer part, fraction digits without trailing zeros) of a non-negative decimal."""
+    whole = int(value)
+    text = format(value - whole, "f")
+    frac = text.split(".", 1)[1].rstrip("0") if "." in text else ""
+    return whole, frac
+
+
+def _fraction_at_least(frac: str, strict: bool) -> Node | None:
+    """Optional fraction parts `(.digits)?` whose value is >= (or >) 0.frac."""
+    if not frac:
+        return seq(Literal(b"."), Repeat(DIGIT, 0, None), NONZERO, Repeat(DIGIT, 0, None)) \
+            if strict else optional(FRACTION)
+    alts = [seq(Literal(("." + frac[:i]).encode()), decimal_digit(int(frac[i]) + 1, 9),
+                Repeat(DIGIT, 0, None)) for i in range(len(frac)) if frac[i] != "9"]
+    tail = seq(Repeat(DIGIT, 0, None), NONZERO, Repeat(DIGIT, 0, None)) if strict \
+        else Repeat(DIGIT, 0, None)
+    alts.append(seq(Literal(("." + frac).encode()), tail))
+    return choice(*alts)
+
+
+def _fraction_at_most(frac: str, strict: bool) -> Node | None:
+    """Optional fraction parts whose value is <= (or <) 0.frac."""
+    zeros = seq(Literal(b"."), Repeat(Literal(b"0"), 1, None))
+    if not frac:
+        return None if strict else optional(zeros)
+    alts: list[Node] = [EMPTY]
+    for i in range(len(frac)):
+        if frac[i] != "0":
+            alts.append(seq(Literal(("." + frac[:i]).encode()), decimal_digit(0, int(frac[i]) - 1),
+                            Repeat(DIGIT, 0, None)))
+        if i:
+            alts.append(Literal(("." + frac[:i]).encode()))
+    if not strict:
+        alts.append(seq(Literal(("." + frac).encode()), Repeat(Literal(b"0"), 0, None)))
+    return choice(*alts)
+
+
+def magnitude_range(lo: Decimal, lo_strict: bool, hi: Decimal | None, hi_strict: bool) -> Node | None:
+    """Unsigned decimals `digits(.digits)?` (no exponent) with value in the interval."""
+    lo_int, lo_frac = _fraction_digits(lo)
+    above: list[Node] = []
+    at_lo = _fraction_at_least(lo_frac, lo_strict)
+    if hi is None:
+        rest = natural_range(lo_int + 1, None)
+        above.append(seq(rest, optional(FRACTION)) if rest is not None else EMPTY)
+        if at_lo is not None:
+            above.append(seq(Literal(str(lo_int).encode()), at_lo))
+        return choice(*above)
+    hi_int, hi_frac = _fraction_digits(hi)
+    at_hi = _fraction_at_most(hi_frac, hi_strict)
+    if lo_int == hi_int:
+        if at_lo is None or at_hi is None:
+            return None
+        both = CharDFA.from_node(at_lo).intersect(CharDFA.from_node(at_hi)).to_node()
+        return None if both is None else seq(Literal(str(lo_int).encode()), both)
+    alts: list[Node] = []
+    if at_lo is not None:
+        alts.append(seq(Literal(str(lo_int).encode()), at_lo))
+    middle = natural_range(lo_int + 1, hi_int - 1)
+    if middle is not None:
+        alts.append(seq(middle, optional(FRACTION)))
+    if at_hi is not None:
+        alts.append(seq(Literal(str(hi_int).encode()), at_hi))
+    return choice(*alts) if alts else None
+
+
+def number_range(lo: Decimal | None, lo_strict: bool, hi: Decimal | None, hi_strict: bool,
+                 ) -> Node | None:
+    """JSON numbers in the interval (None bounds: open).
+
+    Exponent notation is accepted where the sign alone decides the bounds (a side that is
+    unbounded and whose other end is 0); elsewhere only plain decimals are produced.
+    """
+    alts: list[Node] = []
+    zero_ok = ((lo is None or lo < 0 or (lo == 0 and not lo_strict))
+               and (hi is None or hi > 0 or (hi == 0 and not hi_strict)))
+    # Non-negative values.
+    if hi is None or hi > 0 or (hi == 0 and zero_ok):
+        mlo, mlo_strict = (lo, lo_strict) if lo is not None and lo >= 0 else (Decimal(0), False)
+        node = magnitude_range(mlo, mlo_strict, hi, hi_strict)
+        if node is not None:
+            if hi is None and mlo == 0:
+                node = seq(node, optional(EXPONENT))
+            alts.append(node)
+    # Negative values (and `-0` forms when zero is allowed).
+    if lo is None or lo < 0 or (lo == 0 and zero_ok):
+        if hi is not None and hi < 0:
+            mlo, mlo_strict = -hi, hi_strict
+        else:
+            mlo, mlo_strict = Decimal(0), not zero_ok
+        node = magnitude_range(mlo, mlo_strict, None if lo is None else -lo, lo_strict)
+        if node is not None:
+            if lo is None and mlo == 0:
+                node = seq(node, optional(EXPONENT))
+            alts.append(seq(Literal(b"-"), node))
+    return choice(*alts) if alts else None
+
+
+def multiple_of_dfa(step: Decimal, integer_only: bool) -> CharDFA | None:
+    """Unsigned decimals (no exponent) that are multiples of `step`; None if not expressible.
+
+    With step = k / 10^d, a value is a multiple iff it has at most d significant fraction
+    digits and its value scaled by 10^d is divisible by k: a DFA over (remainder, digits read).
+    """
+    if step <= 0:
+        return None
+    _, digits, exponent = step.normalize().as_tuple()
+    assert isinstance(exponent, int)
+    k = int("".join(map(str, digits))) * 10 ** max(0, exponent)
+    d = max(0, -exponent)
+    if integer_only and d:  # an integer is a multiple of k/10^d iff of k / gcd(k, 10^d)
+        k, d = k // math.gcd(k, 10**d), 0
+    if k > 1000 or d > 12:
+        return None
+    # States: ("start"), ("zero"), ("int", r), ("dot", r, f), ("frac", r, f), ("tail"), dead.
+    names: dict[tuple, int] = {}
+    rows: list[list[tuple[int, int, tuple]]] = []
+    accepting: list[bool] = []
+
+    def sid(name: tuple) -> int:
+        if name not in names:
+            names[name] = len(names)
+            rows.append([])
+            accepting.append(False)
+        return names[name]
+
+    def scaled_ok(r: int, f: int) -> bool:
+        return (r * 10 ** (d - f)) % k == 0
+
+    dead = ("dead",)
+    todo = [("start",)]
+    sid(todo[0])
+    sid(dead)
+    while todo:
+        name = todo.pop()
+        kind = name[0]
+        out: list[tuple[int, int, tuple]] = []
+        if kind == "start":
+            out.append((0x30, 0x30, ("int", 0, True)))
+            out += [(0x30 + i, 0x30 + i, ("int", i % k, False)) for i in range(1, 10)]
+        elif kind == "int":
+            r, is_zero = name[1], name[2]
+            accepting[names[name]] = scaled_ok(r, 0)
+            if not is_zero:
+                out += [(0x30 + i, 0x30 + i, ("int", (10 * r + i) % k, False)) for i in range(10)]
+            if not integer_only:
+                out.append((0x2E, 0x2E, ("dot", r, 0)))
+        elif kind in ("dot", "frac"):
+            r, f = name[1], name[2]
+            if kind == "frac":
+                accepting[names[name]] = scaled_ok(r, f)
+            for i in range(10):
+                if f < d:
+                    out.append((0x30 + i, 0x30 + i, ("frac", (10 * r + i) % k, f + 1)))
+                elif i == 0:
+                    out.append((0x30, 0x30, ("frac", r, f)))
+        for _, _, target in out:
+            if target not in names:
+                sid(target)
+                todo.append(target)
+        rows[names[name]] = [(lo, hi, names[t]) for lo, hi, t in out]
+    dead_id = names[dead]
+    trans = []
+    for row in rows:
+        edges: list[tuple[int, int, int]] = []
+        pos = 0
+        for lo, hi, t in sorted(row):
+            if lo > pos:
+                edges.append((pos, lo - 1, dead_id))
+            edges.append((lo, hi, t))
+            pos = hi + 1
+        if pos <= MAX_UNICODE:
+            edges.append((pos, MAX_UNICODE, dead_id))
+        trans.append(tuple(edges))
+    return CharDFA(trans, accepting).minimize()
+
+
+# ---------------------------------------------------------------------------- string characters
+def _hex4(lo: int, hi: int) -> Node:
+    return fixed_width_range(lo, hi, 4, 16, hex_digit)
+
+
+def _intersect(ranges: list[tuple[int, int]], lo: int, hi: int) -> list[tuple[int, int]]:
+    return [(max(a, lo), min(b, hi)) for a, b in ranges if a <= hi and b >= lo]
+
+
+def encode_ranges(ranges: list[tuple[int, int]]) -> Node | None:
+    """One JSON string character (raw or escaped) whose decoded scalar lies in `ranges`
+    (sorted, merged, without surrogates). None when the ranges are empty."""
+    alts: list[Node] = []
+    raw = [r for lo, hi in ((0x20, 0x21), (0x23, 0x5B), (0x5D, MAX_UNICODE))
+           for r in _intersect(ranges, lo, hi)]
+    if raw:
+        alts.append(CharClass(tuple(raw)))
+    for code, spelling in ((0x22, b'\\"'), (0x5C, b"\\\\"), (0x2F, b"\\/")):
+        if _intersect(ranges, code, code):
+            alts.append(Literal(spelling))
+    escapes: list[Node] = []
+    for lo, hi in _intersect(ranges, 0, 0x1F):
+        escapes.append(_hex4(lo, hi))
+        alts.extend(Literal(b"\\" + _SHORT_ESCAPES[c]) for c in range(lo, hi + 1)
+                    if c in _SHORT_ESCAPES)
+    for lo, hi in _intersect(ranges, 0x7F, 0xFFFF):
+        escapes.append(_hex4(lo, hi))
+    if escapes:
+        alts.append(seq(Literal(b"\\u"), choice(*escapes)))
+    for lo, hi in _intersect(ranges, 0x10000, MAX_UNICODE):
+        alts.append(_surrogate_pairs(lo, hi))
+    return choice(*alts) if alts else None
+
+
+def _surrogate_pairs(lo: int, hi: int) -> Node:
+    """`\\uD8xx\\uDCxx` pairs for the astral scalars lo..hi."""
+    (hl, ll), (hh, lh) = divmod(lo - 0x10000, 0x400), divmod(hi - 0x10000, 0x400)
+    alts: list[Node] = []
+
+    def pair(h_lo: int, h_hi: int, l_lo: int, l_hi: int) -> Node:
+        return seq(Literal(b"\\u"), _hex4(0xD800 + h_lo, 0xD800 + h_hi),
+                   Literal(b"\\u"), _hex4(0xDC00 + l_lo, 0xDC00 + l_hi))
+
+    if hl == hh:
+        return pair(hl, hl, ll, lh)
+    alts.append(pair(hl, hl, ll, 0x3FF))
+    if hl + 1 <= hh - 1:
+        alts.append(pair(hl + 1, hh - 1, 0, 0x3FF))
+    alts.append(pair(hh, hh, 0, lh))
+    return choice(*alts)
+
+
+ANY_CHAR = encode_ranges([(0, _SURROGATES[0] - 1), (_SURROGATES[1] + 1, MAX_UNICODE)])
+
+
+def encode_text(text: str) -> Node:
+    """The JSON spellings of the characters of `text` (without the quotes)."""
+    parts: list[Node] = []
+    plain = bytearray()
+    for char in text:
+        code = ord(char)
+        if 0x20 <= code < 0x7F and char not in '"\\/':
+            plain += char.encode()
+            continue
+        if plain:
+            parts.append(Literal(bytes(plain)))
+            plain.clear()
+        node = encode_ranges([(code, code)])
+        if node is None:  # a lone surrogate in the schema itself
+            raise ValueError(f"string contains a lone surrogate U+{code:04X}")
+        parts.append(node)
+    if plain:
+        parts.append(Literal(bytes(plain)))
+    return seq(*parts)
+
+
+def encode_node(node: Node) -> Node | None:
+    """Map a character-level IR node (a regular expression over characters) to the IR of its
+    JSON spellings. None when it matches nothing."""
+    if isinstance(node, Literal):
+        return encode_text(node.data.decode("utf-8"))
+    if isinstance(node, (CharClass, ByteClass)):
+        return encode_ranges(class_ranges(node))
+    if isinstance(node, Seq):
+        items = [encode_node(i) for i in node.items]
+        return None if any(i is None for i in items) else seq(*items)
+    if isinstance(node, Choice):
+        alts = [a for a in (encode_node(a) for a in node.alts) if a is not None]
+        return choice(*alts) if alts else None
+    if isinstance(node, Repeat):
+        item = encode_node(node.item)
+        if item is None:
+            return EMPTY if node.min == 0 else None
+        return Repeat(item, node.min, node.max)
+    raise ValueError(f"{type(node).__name__} is not a character-level regular expression")
+
+
+def string_literal(text: str) -> Node:
+    return seq(QUOTE, encode_text(text), QUOTE)
+
+
+# ---------------------------------------------------------------------------- literal values
+def number_literal(value: int | float) -> Node:
+    """The canonical spellings of a number constant (an integral value also as `N.0`)."""
+    if isinstance(value, bool):
+        raise TypeError("booleans are not numbers")
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError("non-finite number")
+        if not value.is_integer():
+            return Literal(json.dumps(value).encode())
+        value = int(value)
+    text = str(value).encode()
+    return choice(Literal(text), Literal(text + b".0"))
+
+
+def value_literal(value: object, ws: Node) -> Node:
+    """IR for one JSON constant (`const` / `enum` member) with the configured whitespace;
+    object members keep the constant's key order."""
+    if value is None:
+        return Literal(b"null")
+    if value is True:
+        return Literal(b"true")
+    if value is False:
+        return Literal(b"false")
+    if isinstance(value, (int, float)):
+        return number_literal(value)
+    if isinstance(value, str):
+        return string_literal(value)
+    sep = seq(ws, Literal(b","), ws)
+    if isinstance(value, list):
+        items: list[Node] = []
+        for i, item in enumerate(value):
+            items += [sep] if i else []
+            items.append(value_literal(item, ws))
+        return seq(Literal(b"["), ws, *items, ws, Literal(b"]"))
+    if isinstance(value, dict):
+        members: list[Node] = []
+        for i, (key, item) in enumerate(value.items()):
+            members += [sep] if i else []
+            members += [string_literal(key), ws, Literal(b":"), ws, value_literal(item, ws)]
+        return seq(Literal(b"{"), ws, *members, ws, Literal(b"}"))
+    raise TypeError(f"not a JSON value: {type(value).__name__}")

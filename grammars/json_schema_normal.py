@@ -1,0 +1,380 @@
+"""The JSON Schema front-end's normal form: a schema as a union of per-type *atoms*.
+
+Lowering (`pegmask.grammars.json_schema`) turns keywords into atoms, and combinators into
+operations on them: `anyOf` is a union, `allOf` an intersection (`Algebra.intersect`), `enum`
+filters constants through `Algebra.accepts`. Object atoms keep their key rules as a conjunction
+(intersected per key only when the grammar is emitted), which keeps recursive schemas finite;
+`$ref` stays a `RefAtom` (a named rule) until something needs its content.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from pegmask.grammars.errors import SchemaError
+
+
+@dataclass(frozen=True)
+class NullAtom:
+    pass
+
+
+@dataclass(frozen=True)
+class BoolAtom:
+    pass
+
+
+@dataclass(frozen=True)
+class NumberAtom:
+    integer: bool = False
+    minimum: Decimal | None = None
+    exclusive_minimum: bool = False
+    maximum: Decimal | None = None
+    exclusive_maximum: bool = False
+    multiple_of: tuple[Decimal, ...] = ()
+    pointer: str = field(default="", compare=False)
+
+
+@dataclass(frozen=True)
+class StringAtom:
+    """Strings of `min_length`..`max_length` characters matching every `patterns` (ECMAScript
+    search), every `formats`, none of `not_patterns`, and not in `excluded`."""
+
+    min_length: int = 0
+    max_length: int | None = None
+    patterns: tuple[str, ...] = ()
+    formats: tuple[str, ...] = ()
+    not_patterns: tuple[str, ...] = ()
+    excluded: tuple[str, ...] = ()
+    pointer: str = field(default="", compare=False)
+
+
+@dataclass(frozen=True)
+class ArrayAtom:
+    prefix: tuple[Schema, ...] = ()
+    items: Schema | None = None  # beyond the prefix; None: any value
+    min_items: int = 0
+    max_items: int | None = None
+    contains: tuple[Schema, ...] = ()
+    pointer: str = field(default="", compare=False)
+
+
+@dataclass(frozen=True)
+class KeyRules:
+    """One schema's rules for an object's members: named, by key pattern, and the rest."""
+
+    properties: tuple[tuple[str, Schema], ...] = ()
+    patterns: tuple[tuple[str, Schema], ...] = ()
+    additional: Schema | None = None  # None: any value
+
+    def named(self, key: str) -> Schema | None:
+        for name, schema in self.properties:
+            if name == key:
+                return schema
+        return None
+
+
+@dataclass(frozen=True)
+class ObjectAtom:
+    """Objects satisfying every one of `rules` (a conjunction), with the `required` keys, a
+    member count within bounds, and keys valid under every `property_names` schema."""
+
+    rules: tuple[KeyRules, ...] = ()
+    required: frozenset[str] = frozenset()
+    min_properties: int = 0
+    max_properties: int | None = None
+    property_names: tuple[Schema, ...] = ()
+    pointer: str = field(default="", compare=False)
+
+
+@dataclass(frozen=True)
+class ConstAtom:
+    """One JSON value (`key` is its canonical text; `value` keeps the original key order)."""
+
+    key: str
+    value: Any = field(compare=False, hash=False)
+
+    @staticmethod
+    def of(value: Any) -> ConstAtom:
+        return ConstAtom(canonical_json(value), value)
+
+
+@dataclass(frozen=True)
+class RefAtom:
+    """A named schema (a `$ref` target or an intersection involving one), emitted as a rule."""
+
+    key: tuple
+
+
+Atom = NullAtom | BoolAtom | NumberAtom | StringAtom | ArrayAtom | ObjectAtom | ConstAtom | RefAtom
+
+
+@dataclass(frozen=True)
+class Schema:
+    """A union of atoms (no atoms: nothing is valid)."""
+
+    atoms: tuple[Atom, ...]
+
+
+ANY = Schema((NullAtom(), BoolAtom(), NumberAtom(), StringAtom(), ArrayAtom(), ObjectAtom()))
+NEVER = Schema(())
+MAX_ATOMS = 512
+
+
+def canonical_json(value: Any) -> str:
+    """Text equal for JSON-equal values (1 and 1.0 alike, key order ignored)."""
+    def norm(v: Any) -> Any:
+        if isinstance(v, bool) or v is None or isinstance(v, str):
+            return v
+        if isinstance(v, (int, float)):
+            return {"$n": str(Decimal(repr(v)).normalize()) if v != 0 else "0"}
+        if isinstance(v, list):
+            return [norm(x) for x in v]
+        return {k: norm(x) for k, x in v.items()}
+
+    return json.dumps(norm(value), sort_keys=True, ensure_ascii=False)
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def to_decimal(value: int | float) -> Decimal:
+    return Decimal(value) if isinstance(value, int) else Decimal(repr(value))
+
+
+class PendingRef(Exception):
+    """A reference whose target is still being lowered (its content is not known yet)."""
+
+
+class Algebra:
+    """Intersection and membership on normal-form schemas.
+
+    `expand(key)` gives the schema of a `RefAtom` (raising `PendingRef` while the target is
+    being lowered); `matches(kind, source, text)` decides `pattern` / `format` membership of a
+    string (kind "pattern" or "format").
+    """
+
+    def __init__(self, expand: Callable[[tuple], Schema],
+                 matches: Callable[[str, str, str], bool]):
+        self.expand = expand
+        self.matches = matches
+        self.stored: list[Schema] = []  # right-hand sides of deferred ("with", ref, i) keys
+        self._expanding: list[tuple] = []
+
+    # ----------------------------------------------------------------- union / intersection
+    @staticmethod
+    def union(schemas: list[Schema]) -> Schema:
+        atoms: list[Atom] = []
+        for schema in schemas:
+            if schema is ANY:
+                return ANY
+            atoms.extend(a for a in schema.atoms if a not in atoms)
+        return _checked(Schema(tuple(atoms)))
+
+    def intersect(self, a: Schema, b: Schema) -> Schema:
+        if a is ANY or b is NEVER:
+            return b
+        if b is ANY or a is NEVER:
+            return a
+        atoms: list[Atom] = []
+        for x in a.atoms:
+            for y in b.atoms:
+                for atom in self._intersect_atoms(x, y):
+                    if atom not in atoms:
+                        atoms.append(atom)
+        return _checked(Schema(tuple(atoms)))
+
+    def _intersect_atoms(self, x: Atom, y: Atom) -> list[Atom]:
+        if isinstance(x, RefAtom) and isinstance(y, RefAtom):
+            if x == y:
+                return [x]
+            return [RefAtom(("and", *sorted({*_ref_parts(x), *_ref_parts(y)})))]
+        if isinstance(y, RefAtom):
+            x, y = y, x
+        if isinstance(x, RefAtom):
+            try:
+                content = self.expand_ref(x)
+            except PendingRef:
+                self.stored.append(Schema((y,)))
+                return [RefAtom(("with", x.key, len(self.stored) - 1))]
+            return list(self.intersect(content, Schema((y,))).atoms)
+        if isinstance(y, ConstAtom):
+            x, y = y, x
+        if isinstance(x, ConstAtom):
+            return [x] if self.accepts(Schema((y,)), x.value) else []
+        if type(x) is not type(y):
+            return []
+        if isinstance(x, (NullAtom, BoolAtom)):
+            return [x]
+        if isinstance(x, NumberAtom):
+            return [_intersect_numbers(x, y)]
+        if isinstance(x, StringAtom):
+            return [_intersect_strings(x, y)]
+        if isinstance(x, ArrayAtom):
+            return [self._intersect_arrays(x, y)]
+        return [_intersect_objects(x, y)]
+
+    def expand_ref(self, atom: RefAtom) -> Schema:
+        """The content of a `RefAtom`; a cycle of references without content is an error."""
+        if atom.key in self._expanding:
+            raise SchemaError("circular $ref that never reaches a schema", _pointer_of(atom.key))
+        self._expanding.append(atom.key)
+        try:
+            return self.expand(atom.key)
+        finally:
+            self._expanding.pop()
+
+    def _intersect_arrays(self, x: ArrayAtom, y: ArrayAtom) -> ArrayAtom:
+        length = max(len(x.prefix), len(y.prefix))
+        prefix = tuple(self.intersect(_item_at(x, i), _item_at(y, i)) for i in range(length))
+        items = None if x.items is None and y.items is None else self.intersect(
+            x.items or ANY, y.items or ANY)
+        return ArrayAtom(
+            prefix, items, max(x.min_items, y.min_items), _min_bound(x.max_items, y.max_items),
+            x.contains + y.contains, x.pointer)
+
+    # ----------------------------------------------------------------- membership
+    def accepts(self, schema: Schema, value: Any) -> bool:
+        """Whether `value` is valid under `schema` (used to filter `enum` / `const`)."""
+        return any(self._accepts_atom(atom, value) for atom in schema.atoms)
+
+    def _accepts_atom(self, atom: Atom, value: Any) -> bool:
+        if isinstance(atom, RefAtom):
+            return self.accepts(self.expand_ref(atom), value)
+        if isinstance(atom, ConstAtom):
+            return atom.key == canonical_json(value)
+        if isinstance(atom, NullAtom):
+            return value is None
+        if isinstance(atom, BoolAtom):
+            return isinstance(value, bool)
+        if isinstance(atom, NumberAtom):
+            return is_number(value) and _number_ok(atom, value)
+        if isinstance(atom, StringAtom):
+            return isinstance(value, str) and self._string_ok(atom, value)
+        if isinstance(atom, ArrayAtom):
+            return isinstance(value, list) and self._array_ok(atom, value)
+        return isinstance(value, dict) and self._object_ok(atom, value)
+
+    def _string_ok(self, atom: StringAtom, value: str) -> bool:
+        return (atom.min_length <= len(value)
+                and (atom.max_length is None or len(value) <= atom.max_length)
+                and all(self.matches("pattern", p, value) for p in atom.patterns)
+                and all(self.matches("format", f, value) for f in atom.formats)
+                and not any(self.matches("pattern", p, value) for p in atom.not_patterns)
+                and value not in atom.excluded)
+
+    def _array_ok(self, atom: ArrayAtom, value: list) -> bool:
+        if len(value) < atom.min_items or (atom.max_items is not None and len(value) > atom.max_items):
+            return False
+        if not all(self.accepts(_item_at(atom, i), v) for i, v in enumerate(value)):
+            return False
+        return all(any(self.accepts(c, v) for v in value) for c in atom.contains)
+
+    def _object_ok(self, atom: ObjectAtom, value: dict) -> bool:
+        if not atom.required <= value.keys() or len(value) < atom.min_properties:
+            return False
+        if atom.max_properties is not None and len(value) > atom.max_properties:
+            return False
+        for key, item in value.items():
+            if not all(self.accepts(names, key) for names in atom.property_names):
+                return False
+            if not self.accepts(self.member_schema(atom, key), item):
+                return False
+        return True
+
+    def member_schema(self, atom: ObjectAtom, key: str) -> Schema:
+        """What the value of member `key` must satisfy (all rules of the atom together)."""
+        result = ANY
+        for rules in atom.rules:
+            result = self.intersect(result, self.rule_schema(rules, key))
+        return result
+
+    def rule_schema(self, rules: KeyRules, key: str) -> Schema:
+        named = rules.named(key)
+        if named is not None:
+            parts = [named]
+        else:
+            parts = [s for p, s in rules.patterns if self.matches("pattern", p, key)]
+            if not parts:
+                return ANY if rules.additional is None else rules.additional
+        if named is not None:
+            parts += [s for p, s in rules.patterns if self.matches("pattern", p, key)]
+        result = ANY
+        for part in parts:
+            result = self.intersect(result, part)
+        return result
+
+
+def _ref_parts(atom: RefAtom) -> tuple:
+    return atom.key[1:] if atom.key[0] == "and" else (atom.key,)
+
+
+def _pointer_of(key: tuple) -> str:
+    return key[1] if key and key[0] == "ref" and isinstance(key[1], str) else ""
+
+
+def _checked(schema: Schema) -> Schema:
+    if len(schema.atoms) > MAX_ATOMS:
+        raise SchemaError(f"schema combinators expand to more than {MAX_ATOMS} alternatives")
+    return schema
+
+
+def _item_at(atom: ArrayAtom, index: int) -> Schema:
+    if index < len(atom.prefix):
+        return atom.prefix[index]
+    return ANY if atom.items is None else atom.items
+
+
+def _min_bound(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
+def _intersect_numbers(x: NumberAtom, y: NumberAtom) -> NumberAtom:
+    lo, lo_x = x.minimum, x.exclusive_minimum
+    if y.minimum is not None and (lo is None or y.minimum > lo or (y.minimum == lo and y.exclusive_minimum)):
+        lo, lo_x = y.minimum, y.exclusive_minimum
+    hi, hi_x = x.maximum, x.exclusive_maximum
+    if y.maximum is not None and (hi is None or y.maximum < hi or (y.maximum == hi and y.exclusive_maximum)):
+        hi, hi_x = y.maximum, y.exclusive_maximum
+    multiples = x.multiple_of + tuple(m for m in y.multiple_of if m not in x.multiple_of)
+    return NumberAtom(x.integer or y.integer, lo, lo_x, hi, hi_x, multiples, x.pointer)
+
+
+def _intersect_strings(x: StringAtom, y: StringAtom) -> StringAtom:
+    def merged(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, ...]:
+        return a + tuple(v for v in b if v not in a)
+
+    return StringAtom(
+        max(x.min_length, y.min_length), _min_bound(x.max_length, y.max_length),
+        merged(x.patterns, y.patterns), merged(x.formats, y.formats),
+        merged(x.not_patterns, y.not_patterns), merged(x.excluded, y.excluded), x.pointer)
+
+
+def _intersect_objects(x: ObjectAtom, y: ObjectAtom) -> ObjectAtom:
+    return ObjectAtom(
+        x.rules + tuple(r for r in y.rules if r not in x.rules), x.required | y.required,
+        max(x.min_properties, y.min_properties), _min_bound(x.max_properties, y.max_properties),
+        x.property_names + y.property_names, x.pointer)
+
+
+def number_accepts(atom: NumberAtom, value: Decimal) -> bool:
+    """Bounds and `multipleOf` for a finite decimal value."""
+    if atom.integer and value != value.to_integral_value():
+        return False
+    if atom.minimum is not None and (value < atom.minimum or (atom.exclusive_minimum and value == atom.minimum)):
+        return False
+    if atom.maximum is not None and (value > atom.maximum or (atom.exclusive_maximum and value == atom.maximum)):
+        return False
+    return all((value / m) == (value / m).to_integral_value() for m in atom.multiple_of)
+
+
+def _number_ok(atom: NumberAtom, value: int | float) -> bool:
+    if isinstance(value, float) and not math.isfinite(value):
+        return False
+    return number_accepts(atom, to_decimal(value))

@@ -1,0 +1,151 @@
+"""Token bitmasks: allocation, numpy packing, and the device-independent torch apply path.
+
+The layout is the one xgrammar, llguidance and outlines-core share, so masks can be checked
+against theirs and handed to their kernels: int32 words, shape `(batch, ceil(V / 32))`, bit
+`i % 32` of word `i // 32` set when token `i` is allowed. Words are int32 rather than uint32
+because older torch versions have no uint32 arithmetic.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+BITMASK_DTYPE = torch.int32
+"""dtype of every bitmask tensor."""
+
+
+def bitmask_words(vocab_size: int) -> int:
+    """Number of int32 words that hold one bit per token of a `vocab_size`-wide vocabulary."""
+    return (vocab_size + 31) // 32
+
+
+def allocate_token_bitmask(
+    batch: int, vocab_size: int, *, device: torch.device | str | None = None
+) -> torch.Tensor:
+    """A `(batch, ceil(vocab_size / 32))` int32 bitmask with every bit set (everything allowed).
+
+    Allocate it with the logits' width, which can exceed the tokenizer's size: padding ids then
+    get real bits that the grammar clears instead of being left unmasked.
+    """
+    return torch.full((batch, bitmask_words(vocab_size)), -1, dtype=BITMASK_DTYPE, device=device)
+
+
+def reset_token_bitmask(bitmask: torch.Tensor) -> None:
+    """Set every bit again (everything allowed), e.g. for rows whose request is unconstrained."""
+    bitmask.fill_(-1)
+
+
+def pack_bool_mask(allowed: np.ndarray, vocab_size: int | None = None) -> np.ndarray:
+    """Pack a boolean allowed-vector (last axis = token id) into int32 bitmask words.
+
+    `vocab_size` sets the number of words (`ceil(vocab_size / 32)`); ids at or past
+    `allowed.shape[-1]` are disallowed. Bits past `vocab_size` are always clear.
+    """
+    allowed = np.asarray(allowed, dtype=bool)
+    width = allowed.shape[-1] if vocab_size is None else vocab_size
+    if allowed.shape[-1] > width:
+        raise ValueError(f"allowed has {allowed.shape[-1]} entries, more than vocab_size {width}")
+    words = bitmask_words(width)
+    packed = np.packbits(allowed, axis=-1, bitorder="little")
+    if packed.shape[-1] != 4 * words:
+        pad = [(0, 0)] * (packed.ndim - 1) + [(0, 4 * words - packed.shape[-1])]
+        packed = np.pad(packed, pad)
+    # Little-endian bytes so that byte k of a word holds bits 8k..8k+7 on any host.
+    return np.ascontiguousarray(packed).view("<i4").astype(np.int32, copy=False)
+
+
+def unpack_bitmask(bitmask: np.ndarray, vocab_size: int) -> np.ndarray:
+    """The boolean allowed-vector of each row of `bitmask` (int32 words), `vocab_size` wide."""
+    words = np.ascontiguousarray(np.asarray(bitmask, dtype=np.int32).astype("<i4", copy=False))
+    if words.shape[-1] * 32 < vocab_size:
+        raise ValueError(f"{words.shape[-1]} words cannot hold {vocab_size} tokens")
+    bits = np.unpackbits(words.view(np.uint8), axis=-1, count=vocab_size, bitorder="little")
+    return bits.view(bool)
+
+
+def _blocked_numpy(bitmask: torch.Tensor, vocab_size: int) -> np.ndarray:
+    """Bool `(rows, vocab_size)`, True where the token is masked out (CPU tensors)."""
+    words = bitmask[:, : bitmask_words(vocab_size)].contiguous().numpy()
+    inverted = np.invert(words.astype("<i4", copy=False)).view(np.uint8)
+    bits = np.unpackbits(inverted, axis=-1, count=vocab_size, bitorder="little")
+    return bits.view(bool)
+
+
+def _blocked_torch(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Bool `(rows, vocab_size)`, True where the token is masked out, on any torch device."""
+    words = bitmask[:, : bitmask_words(vocab_size)]
+    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    bits = (words.unsqueeze(-1) >> shifts) & 1
+    return bits.reshape(words.shape[0], -1)[:, :vocab_size] == 0
+
+
+_SAME_SIZE_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def effective_vocab_size(
+    logits: torch.Tensor, bitmask: torch.Tensor, vocab_size: int | None
+) -> int:
+    """The number of leading logits to mask, with xgrammar's rule: `vocab_size` if given (it must
+    fit both tensors), else `min(logits width, 32 * words)`, warning when the mask is narrower."""
+    covered = bitmask.shape[-1] * 32
+    if vocab_size is None:
+        if covered < logits.shape[-1]:
+            warnings.warn(
+                f"the bitmask covers {covered} tokens but the logits have {logits.shape[-1]}: "
+                f"logits[..., {covered}:] stay unmasked; allocate the bitmask with the logits' "
+                "width or pass vocab_size",
+                stacklevel=3,
+            )
+        return min(logits.shape[-1], covered)
+    if not 0 <= vocab_size <= min(logits.shape[-1], covered):
+        raise ValueError(
+            f"vocab_size {vocab_size} exceeds the logits ({logits.shape[-1]}) "
+            f"or the bitmask ({covered} tokens)"
+        )
+    return vocab_size
+
+
+def apply_token_bitmask_torch(
+    logits: torch.Tensor,
+    bitmask: torch.Tensor,
+    vocab_size: int,
+    rows: Sequence[int] | None,
+) -> None:
+    """Set masked-out logits to -inf in place (2-D logits and bitmask, checked by the caller).
+
+    `rows` are the logits rows to mask, each with the bitmask row of the same index; other rows
+    are left alone. Columns at or past `vocab_size` are never touched.
+    """
+    row_ids = list(range(logits.shape[0])) if rows is None else list(rows)
+    if not row_ids or vocab_size == 0:
+        return
+    if logits.device.type == "cpu":
+        _apply_cpu(logits, bitmask, vocab_size, row_ids)
+        return
+    index = torch.as_tensor(row_ids, dtype=torch.long, device=logits.device)
+    blocked = _blocked_torch(bitmask[index.to(bitmask.device)], vocab_size)
+    logits[index, :vocab_size] = logits[index, :vocab_size].masked_fill(blocked, float("-inf"))
+
+
+def _apply_cpu(
+    logits: torch.Tensor, bitmask: torch.Tensor, vocab_size: int, rows: list[int]
+) -> None:
+    """Write -inf's bit pattern through a numpy integer view of the logits with a branch-free
+    select: constant time whatever the mask looks like, where masked_fill_ and boolean indexing
+    slow down several-fold on scattered masks. Same-size ints also cover bfloat16."""
+    as_int = _SAME_SIZE_INT[logits.element_size()]
+    target = logits.detach()[:, :vocab_size].view(as_int).numpy()
+    minus_inf = np.array(
+        torch.tensor(float("-inf"), dtype=logits.dtype).view(as_int).item(), dtype=target.dtype
+    )
+    blocked = _blocked_numpy(bitmask[rows], vocab_size)
+    for i, row in enumerate(rows):
+        select = blocked[i].astype(target.dtype)
+        np.negative(select, out=select)  # all ones where blocked, 0 elsewhere
+        change = np.bitwise_xor(target[row], minus_inf)
+        np.bitwise_and(change, select, out=change)
+        np.bitwise_xor(target[row], change, out=target[row])

@@ -1,0 +1,47 @@
+"""Sampling from masked logits: greedy at temperature 0, else temperature, top-k and top-p.
+
+Masked-out tokens hold -inf, so softmax gives them probability 0 and no filter here can bring
+them back; a row with no allowed token is an error rather than a silent pick of token 0.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def sample_masked(
+    logits: torch.Tensor,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """One token id per row of `logits` (`(batch, V)` -> `(batch,)`, `(V,)` -> scalar tensor).
+
+    `temperature <= 0` is greedy (argmax). `top_k > 0` keeps the k best tokens; `top_p < 1`
+    keeps the smallest set of best tokens whose probability reaches `top_p`. `generator` makes
+    the draw reproducible.
+    """
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if top_k < 0:
+        raise ValueError(f"top_k must be >= 0, got {top_k}")
+    if not bool((logits > float("-inf")).any(dim=-1).all()):
+        raise ValueError("a row of logits has no allowed token (all -inf)")
+    if temperature <= 0.0:
+        return logits.argmax(dim=-1)
+    scores = logits.float() / temperature
+    if 0 < top_k < scores.shape[-1]:
+        kth_best = torch.topk(scores, top_k, dim=-1).values[..., -1:]
+        scores = scores.masked_fill(scores < kth_best, float("-inf"))
+    if top_p < 1.0:
+        ordered, order = torch.sort(scores, dim=-1, descending=True)
+        probs = ordered.softmax(dim=-1)
+        # Drop a token once the better ones already reach top_p (the best one always stays).
+        before = probs.cumsum(dim=-1) - probs
+        ordered = ordered.masked_fill(before >= top_p, float("-inf"))
+        scores = torch.empty_like(scores).scatter_(-1, order, ordered)
+    probs = scores.softmax(dim=-1)
+    flat = probs.reshape(-1, probs.shape[-1])
+    drawn = torch.multinomial(flat, 1, generator=generator)
+    return drawn.reshape(probs.shape[:-1])

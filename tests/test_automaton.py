@@ -1,0 +1,232 @@
+"""The token automaton on a real vocabulary (SmolLM2, 49,152 tokens): it accepts exactly the
+streaming parser's language, token by token."""
+
+from __future__ import annotations
+
+import functools
+import json
+import random
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from vocabularies import smollm2, smollm2_tokenizer
+
+from pegmask.grammars import Grammar
+from pegmask.grammars.automaton import GrammarCompiler, compile_grammar, fill_next_token_bitmasks
+from pegmask.kernels import allocate_token_bitmask
+
+CHAT = r"""
+root = @content:until(token("<|im_start|>"), "<tool_call>") call*
+call = "<tool_call>" "\n" @call:obj "\n</tool_call>" "\n"?
+obj = "{" ws (pair (ws "," ws pair)*)? ws "}"
+pair = str ws ":" ws value
+value = obj | "[" ws (value (ws "," ws value)*)? ws "]" | str | num | "true" | "false" | "null"
+str = "\"" ([^"\\\x00-\x1f] | "\\" ["\\/bfnrt] | "\\u" [0-9a-fA-F]{4})* "\""
+num = "-"? ("0" | [1-9] [0-9]*) ("." [0-9]+)? ([eE] [+\-]? [0-9]+)?
+ws = [ \n]{0,2}
+"""
+TOOL = r"""
+root = "{" ws "\"name\"" ws ":" ws "\"" @name:("get_weather" | "get_time") "\"" ws ","
+       ws "\"arguments\"" ws ":" ws @args:args ws "}"
+args = "{" ws "\"city\"" ws ":" ws str ws ("," ws "\"unit\"" ws ":" ws ("\"c\"" | "\"f\""))? ws "}"
+str = "\"" ([^"\\\x00-\x1f] | "\\" ["\\/bfnrt])* "\""
+ws = [ ]?
+"""
+GRAMMARS = {"chat": CHAT, "tool": TOOL}
+
+
+def allowed_ids(matcher, bitmask) -> np.ndarray:
+    matcher.fill_next_token_bitmask(bitmask, 0)
+    bits = np.unpackbits(bitmask[0].numpy().view(np.uint8), bitorder="little")
+    return np.flatnonzero(bits[: matcher.compiled.vocab.size])
+
+
+def token_text(vocab, ids) -> bytes:
+    return b"".join(
+        vocab.token_bytes[t] if vocab.token_bytes[t] is not None else vocab.special_names[t].encode()
+        for t in ids
+    )
+
+
+@pytest.fixture(scope="module")
+def compiler():
+    return GrammarCompiler(smollm2())
+
+
+@pytest.mark.parametrize("name", sorted(GRAMMARS))
+def test_random_sampling_under_the_mask_always_parses(name, compiler):
+    """Property 1: whatever the mask lets through, the parser accepts."""
+    vocab = smollm2()
+    grammar = Grammar.from_peg(GRAMMARS[name])
+    compiled = compiler.compile(grammar)
+    bitmask = allocate_token_bitmask(1, vocab.size)
+    closing = {t for t, data in enumerate(vocab.token_bytes) if data and data[-1:] in (b'"', b"}", b"]")}
+    rng = random.Random(7)
+    finished = 0
+    for _ in range(40):
+        matcher = compiled.matcher()
+        out: list[int] = []
+        for _ in range(80):
+            allowed = allowed_ids(matcher, bitmask)
+            assert len(allowed), "a live state must allow some token"
+            # Lean towards tokens that close things so that samples finish within the budget.
+            enders = [t for t in allowed if t in closing or t in vocab.eos_ids]
+            pool = enders if enders and rng.random() < 0.5 else allowed
+            token = int(rng.choice(pool))
+            assert matcher.accept_token(token)
+            if token not in vocab.eos_ids:
+                out.append(token)
+            if matcher.is_terminated():
+                break
+        parser = grammar.stream_parser()
+        parser.feed_tokens(out, vocab)  # raises if the mask let through an invalid prefix
+        if matcher.is_terminated():
+            finished += 1
+            parser.finish()
+    assert finished >= 5
+
+
+def valid_outputs(name: str) -> list[str]:
+    rng = random.Random(3)
+    out = []
+    for i in range(12):
+        city = rng.choice(["Paris", "San Francisco", "東京", "Zürich \"old\" town", "a\\b", ""])
+        args = {"city": city} if i % 2 else {"city": city, "unit": rng.choice("cf")}
+        call = {"name": rng.choice(["get_weather", "get_time"]), "arguments": args}
+        if name == "tool":
+            out.append(json.dumps(call, ensure_ascii=False))
+        else:
+            text = rng.choice(["", "Sure! ", "Let me check the weather.\n"])
+            out.append(text + "<tool_call>\n" + json.dumps(call, ensure_ascii=False) + "\n</tool_call>")
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(GRAMMARS))
+def test_canonical_tokenization_of_valid_outputs_is_allowed(name, compiler):
+    """Property 2: every string the parser accepts is allowed token by token, under the real
+    tokenizer's own tokenization, and ends where the grammar may end."""
+    vocab = smollm2()
+    tokenizer = smollm2_tokenizer()
+    grammar = Grammar.from_peg(GRAMMARS[name])
+    compiled = compiler.compile(grammar)
+    bitmask = allocate_token_bitmask(1, vocab.size)
+    for text in valid_outputs(name):
+        grammar.parse(text)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        assert token_text(vocab, ids) == text.encode()
+        matcher = compiled.matcher()
+        for token in ids:
+            assert token in allowed_ids(matcher, bitmask)
+            assert matcher.accept_token(token)
+        assert matcher.is_accepting()
+        assert vocab.eos_ids[0] in allowed_ids(matcher, bitmask)
+        assert matcher.accept_token(vocab.eos_ids[0])
+        assert matcher.is_terminated()
+
+
+@functools.cache
+def tool_compiled():
+    return compile_grammar(Grammar.from_peg(TOOL), smollm2())
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_mask_agrees_with_parser_on_every_token(data):
+    """After a random valid prefix, a token is allowed exactly when the parser accepts the
+    prefix extended by its bytes as a valid prefix."""
+    vocab = smollm2()
+    compiled = tool_compiled()
+    grammar = compiled.grammar
+    text = data.draw(st.sampled_from(valid_outputs("tool"))).encode()
+    cut = data.draw(st.integers(0, len(text)))
+    matcher = compiled.matcher()
+    assert matcher.accept_string(text[:cut])
+    bitmask = allocate_token_bitmask(1, vocab.size)
+    allowed = set(allowed_ids(matcher, bitmask).tolist())
+    candidates = data.draw(st.lists(st.integers(0, vocab.size - 1), min_size=20, max_size=20))
+    candidates += sorted(allowed)[:20]
+    for token in candidates:
+        data_bytes = vocab.token_bytes[token]
+        if data_bytes is None:
+            continue
+        parser = grammar.stream_parser()
+        try:
+            parser.feed_bytes(text[:cut] + data_bytes)
+            ok = parser.can_continue or parser.status == "complete"
+        except ValueError:
+            ok = False
+        assert (token in allowed) == ok, (text[:cut], data_bytes)
+
+
+def test_rollback_reset_and_jump_forward():
+    vocab = smollm2()
+    compiled = compile_grammar(Grammar.from_peg(TOOL), vocab)
+    matcher = compiled.matcher()
+    assert matcher.find_jump_forward_string() == b'{'
+    assert matcher.accept_string(b'{ "name"')
+    assert matcher.find_jump_forward_string() == b''  # a space or a colon may follow
+    assert matcher.accept_string(b':"get_')
+    forced = matcher.find_jump_forward_string()
+    assert forced == b''  # weather or time
+    tokenizer = smollm2_tokenizer()
+    ids = tokenizer('weather", "arguments"', add_special_tokens=False)["input_ids"]
+    assert matcher.accept_tokens(ids)
+    state = matcher.state
+    assert not matcher.accept_token(tokenizer("}", add_special_tokens=False)["input_ids"][0])
+    assert matcher.state == state  # a rejected token changes nothing
+    matcher.rollback(len(ids))
+    assert matcher.accept_string(b'time"')
+    matcher.reset()
+    assert matcher.find_jump_forward_string() == b'{'
+
+
+def test_stop_token_only_where_the_grammar_may_end():
+    vocab = smollm2()
+    compiled = compile_grammar(Grammar.from_peg('root = "ab" "c"?'), vocab)
+    matcher = compiled.matcher()
+    eos = vocab.eos_ids[0]
+    assert not matcher.accept_token(eos)
+    assert matcher.accept_string(b"ab")
+    assert matcher.accept_token(eos)
+    assert matcher.is_terminated()
+    assert not matcher.accept_token(eos)
+
+
+def test_lazy_region_reports_no_mask_needed():
+    vocab = smollm2()
+    compiled = compile_grammar(Grammar.from_peg(CHAT), vocab)
+    matcher = compiled.matcher()
+    bitmask = allocate_token_bitmask(1, vocab.size)
+    assert matcher.fill_next_token_bitmask(bitmask) is False  # free text: every text token
+    assert matcher.accept_string(b"Hello <tool_call>\n")
+    assert matcher.fill_next_token_bitmask(bitmask) is True  # inside the call: constrained
+    assert matcher.accept_string(b'{"a": [1, 2.5e3, true]}\n</tool_call>\n')
+    assert matcher.is_accepting()
+
+
+def test_batch_filling_writes_one_row_per_matcher():
+    vocab = smollm2()
+    compiled = compile_grammar(Grammar.from_peg(TOOL), vocab)
+    first, second = compiled.matcher(), compiled.matcher()
+    second.accept_string(b'{"name":')
+    bitmask = allocate_token_bitmask(2, vocab.size)
+    assert fill_next_token_bitmasks([first, second], bitmask) == [True, True]
+    single = allocate_token_bitmask(1, vocab.size)
+    first.fill_next_token_bitmask(single)
+    assert np.array_equal(bitmask[0].numpy(), single[0].numpy())
+    second.fill_next_token_bitmask(single)
+    assert np.array_equal(bitmask[1].numpy(), single[0].numpy())
+    assert not np.array_equal(bitmask[0].numpy(), bitmask[1].numpy())
+
+
+def test_logits_wider_than_the_vocabulary():
+    """Ids past the tokenizer's end (padding of the logits) are never allowed."""
+    vocab = smollm2()
+    compiled = compile_grammar(Grammar.from_peg(CHAT), vocab)
+    matcher = compiled.matcher()
+    bitmask = allocate_token_bitmask(1, vocab.size + 100)
+    matcher.fill_next_token_bitmask(bitmask)
+    bits = np.unpackbits(bitmask[0].numpy().view(np.uint8), bitorder="little")
+    assert not bits[vocab.size :].any()

