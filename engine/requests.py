@@ -13,6 +13,7 @@ three pegmask extensions::
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -24,7 +25,14 @@ from pegmask.grammars import Grammar
 from pegmask.grammars.ir import Literal, choice
 
 DEFAULT_MAX_TOKENS = 512
+LEGACY_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 GRAMMAR_FORMATS = ("regex", "grammar", "choice")
+_SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "seed", "stop")
+_CHAT_FIELDS = ("tools", "tool_choice", "parallel_tool_calls", "response_format", "grammar")
+# Fields that would change the response's shape in ways this server does not implement, with
+# the values that mean "off".
+_UNSUPPORTED = {"n": (None, 1), "logprobs": (None, False, 0), "top_logprobs": (None, 0),
+                "echo": (None, False), "best_of": (None, 1), "suffix": (None, "")}
 
 
 class InvalidRequestError(ValueError):
@@ -93,8 +101,8 @@ def build_request(
     )
     if grammar is not None and response_format is not None:
         raise InvalidRequestError("pass either grammar or response_format, not both", "grammar")
-    constraint = _grammar_arg(grammar) if grammar is not None else None
     kind = _format_type(response_format)
+    constraint = _grammar_arg(grammar) if grammar is not None else None
     if kind in GRAMMAR_FORMATS:
         constraint = grammar_for_format(response_format)
     if isinstance(prompt_or_messages, str):
@@ -107,57 +115,104 @@ def build_request(
             constraint = grammar_for_format(response_format)
         return GenerationRequest(prompt_or_messages, None, sampling, grammar=constraint)
     messages = _messages(prompt_or_messages)
+    if tools is not None and not isinstance(tools, (list, tuple)):
+        raise InvalidRequestError("tools must be a list", "tools")
+    if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, Mapping):
+        raise InvalidRequestError("chat_template_kwargs must be an object", "chat_template_kwargs")
     if constraint is not None and tools:
         raise InvalidRequestError(
             "a grammar, regex or choice cannot be combined with tools; use json_schema",
-            "response_format" if grammar is None else "grammar",
+            "grammar" if grammar is not None else "response_format",
         )
+    template_kwargs = dict(chat_template_kwargs or {})
     try:
         chat = ChatRequest(
             tools=list(tools or []),
             tool_choice=tool_choice or "auto",
             parallel_tool_calls=True if parallel_tool_calls is None else bool(parallel_tool_calls),
-            chat_template_kwargs=dict(chat_template_kwargs or {}),
-            response_format=None if constraint is not None else _plain(response_format),
+            chat_template_kwargs=template_kwargs,
+            # A non-JSON format is enforced by `constraint` instead of the dialect.
+            response_format=dict(response_format) if constraint is None and kind else None,
         )
     except RequestError as exc:
         raise InvalidRequestError(str(exc), _request_error_param(str(exc))) from exc
-    return GenerationRequest(
-        None, messages, sampling, chat=chat, grammar=constraint,
-        template_kwargs=dict(chat_template_kwargs or {}),
-    )
+    return GenerationRequest(None, messages, sampling, chat=chat, grammar=constraint,
+                             template_kwargs=template_kwargs)
+
+
+def openai_request(body: Any, *, chat: bool) -> tuple[Any, dict[str, Any]]:
+    """(prompt or messages, `Engine.generate` options) of an OpenAI request body: chat
+    completions when `chat`, else legacy completions. Unknown fields are ignored; `grammar`
+    (PEG text) and `top_k` are pegmask extensions."""
+    if not isinstance(body, Mapping):
+        raise InvalidRequestError("the request body must be a JSON object")
+    for name, off in _UNSUPPORTED.items():
+        if body.get(name) not in off:
+            raise InvalidRequestError(f"{name}={body[name]!r} is not supported", name)
+    options = {name: body[name] for name in _SAMPLING_FIELDS if body.get(name) is not None}
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    if max_tokens is not None:
+        options["max_tokens"] = max_tokens
+    elif not chat:
+        options["max_tokens"] = LEGACY_COMPLETION_MAX_TOKENS
+    options.update({name: body[name] for name in _CHAT_FIELDS if body.get(name) is not None})
+    if not chat:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1:
+            prompt = prompt[0]
+        if not isinstance(prompt, str):
+            raise InvalidRequestError("prompt must be a string", "prompt")
+        return prompt, options
+    if "messages" not in body:
+        raise InvalidRequestError("messages is required", "messages")
+    kwargs = dict(body.get("chat_template_kwargs") or {})
+    if body.get("reasoning_effort") is not None:
+        kwargs.setdefault("reasoning_effort", body["reasoning_effort"])
+    if kwargs:
+        options["chat_template_kwargs"] = kwargs
+    return body["messages"], options
 
 
 def grammar_for_format(response_format: Mapping[str, Any]) -> Grammar:
-    """The grammar a structured-output `response_format` asks for (all five types)."""
+    """The grammar a structured-output `response_format` asks for (json_schema, json_object,
+    regex, grammar, choice); cached, so repeated formats share one compiled grammar."""
     kind = _format_type(response_format)
+    if kind == "json_object":
+        return _grammar("json_schema", '{"type": "object"}')
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")
+        if not isinstance(spec, Mapping) or not isinstance(spec.get("schema", {}), (dict, bool)):
+            raise InvalidRequestError(
+                "response_format json_schema needs {'json_schema': {'schema': {...}}}",
+                "response_format",
+            )
+        return _grammar(kind, json.dumps(spec.get("schema", {})))
+    value = response_format.get(kind)
+    valid = (_string_list(value) and len(value) > 0) if kind == "choice" else isinstance(value, str)
+    if not valid:
+        expected = "a non-empty list of strings" if kind == "choice" else "a string"
+        raise InvalidRequestError(f"response_format {kind!r} needs {expected} under {kind!r}",
+                                  "response_format")
+    return _grammar(kind, json.dumps(value))
+
+
+@functools.lru_cache(maxsize=64)
+def _grammar(kind: str, value_json: str) -> Grammar:
+    """Build (and compile, so errors show now) a grammar from a format's JSON payload."""
+    value = json.loads(value_json)
     try:
-        if kind == "json_object":
-            return Grammar.from_json_schema({"type": "object"})
         if kind == "json_schema":
-            spec = response_format.get("json_schema")
-            if not isinstance(spec, Mapping) or not isinstance(spec.get("schema", {}), (dict, bool)):
-                raise InvalidRequestError(
-                    "response_format json_schema needs {'json_schema': {'schema': {...}}}",
-                    "response_format",
-                )
-            return Grammar.from_json_schema(spec.get("schema", {}))
-        value = response_format.get(kind)
-        if kind == "regex" and isinstance(value, str):
+            return Grammar.from_json_schema(value)
+        if kind == "regex":
             return Grammar.from_regex(value)
-        if kind == "grammar" and isinstance(value, str):
-            return Grammar.from_peg(value)
-        if kind == "choice" and _string_list(value) and value:
+        if kind == "choice":
             return Grammar.from_node(choice(*(Literal.of(item) for item in value)))
-    except InvalidRequestError:
-        raise
+        grammar = Grammar.from_peg(value)
+        grammar.program  # noqa: B018 - compile now: a bad grammar is a bad request
+        return grammar
     except (ValueError, RecursionError) as exc:
-        raise InvalidRequestError(f"invalid response_format: {exc}", "response_format") from exc
-    raise InvalidRequestError(
-        f"response_format {kind!r} needs a {'non-empty list of strings' if kind == 'choice' else 'string'} "
-        f"under {kind!r}",
-        "response_format",
-    )
+        param = "grammar" if kind == "grammar" else "response_format"
+        raise InvalidRequestError(f"invalid {kind}: {exc}", param) from exc
 
 
 # --------------------------------------------------------------------------- field checks
@@ -183,10 +238,7 @@ def _grammar_arg(grammar: Grammar | str) -> Grammar:
         return grammar
     if not isinstance(grammar, str):
         raise InvalidRequestError("grammar must be a Grammar or PEG text", "grammar")
-    try:
-        return Grammar.from_peg(grammar)
-    except ValueError as exc:
-        raise InvalidRequestError(f"invalid grammar: {exc}", "grammar") from exc
+    return _grammar("grammar", json.dumps(grammar))
 
 
 def _messages(messages: Any) -> list[dict[str, Any]]:
@@ -251,11 +303,6 @@ def _stop(value: Any) -> tuple[str, ...]:
 
 def _string_list(value: Any) -> bool:
     return isinstance(value, (list, tuple)) and all(isinstance(item, str) for item in value)
-
-
-def _plain(value: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """A JSON-only copy (ChatRequest keys its grammar cache by the JSON text)."""
-    return None if value is None else json.loads(json.dumps(value))
 
 
 def _request_error_param(message: str) -> str:

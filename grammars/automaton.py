@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pegmask.grammars.grammar import Grammar
-from pegmask.grammars.program import BYTE, SPECIAL, SPECIAL_BASE
+from pegmask.grammars.program import BYTE, SPECIAL, SPECIAL_BASE, Program
 from pegmask.grammars.runtime import DEFAULT_MAX_DEPTH, Runtime
-from pegmask.grammars.token_trie import TokenTrie, token_trie
+from pegmask.grammars.token_trie import PLAIN_ASCII, PLAIN_MULTIBYTE, TokenTrie, token_trie
 from pegmask.kernels.bitmask import pack_bool_mask
 
 if TYPE_CHECKING:
@@ -31,6 +31,20 @@ DEAD = 0
 UNKNOWN = -1
 DEFAULT_MASK_CACHE_BYTES = 256 * 1024 * 1024
 _NARROW_FRONTIER = 48
+
+
+def _accepted_bytes(program: Program) -> list[tuple[int, ...]]:
+    """Per instruction, the bytes it consumes (empty for every other instruction)."""
+    by_table: dict[bytes, tuple[int, ...]] = {}
+    result: list[tuple[int, ...]] = []
+    for kind, table in zip(program.kind, program.accept):
+        if kind != BYTE:
+            result.append(())
+            continue
+        if table not in by_table:
+            by_table[table] = tuple(i for i, ok in enumerate(table) if ok)
+        result.append(by_table[table])
+    return result
 
 
 class CompiledGrammar:
@@ -60,18 +74,17 @@ class CompiledGrammar:
                 self.special_symbol[token_id] = self.program.special_symbol(name)
         stops = vocab.eos_ids if stop_token_ids is None else tuple(stop_token_ids)
         self.stop_ids = tuple(t for t in stops if t not in self.special_symbol)
-        # Configuration store: id -> threads; key -> id; accepting flags; byte transitions.
+        # Configuration store: id -> threads; key -> id; accepting flags; byte transitions
+        # (as Python rows for scalar lookups and mirrored in a numpy table for vector walks).
         self._threads: list[list[tuple[int, int, Any]]] = [[]]
         self._ids: dict[tuple, int] = {(): DEAD}
         self._accepting: list[bool] = [False]
+        self._rows: list[list[int] | None] = [[DEAD] * 256]
         self._table = np.full((64, 256), UNKNOWN, dtype=np.int32)
         self._table[DEAD] = DEAD
         self._special_next: dict[tuple[int, int], int] = {}
-        # Per instruction: its accepted bytes as a 0/1 vector (None for non-byte instructions).
-        self._byte_accept: list[np.ndarray | None] = [
-            np.frombuffer(table, dtype=np.uint8) if table is not None else None
-            for table in self.program.accept
-        ]
+        self._plain_loop: dict[int, bool] = {}
+        self._accepted_bytes = _accepted_bytes(self.program)
         self._masks: OrderedDict[int, tuple[np.ndarray, bool]] = OrderedDict()
         self._mask_cache_bytes = mask_cache_bytes
         threads, matched = self.runtime.initial()
@@ -79,66 +92,72 @@ class CompiledGrammar:
 
     # ----------------------------------------------------------------- configurations
     def _intern(self, threads: list[tuple[int, int, Any]], accepting: bool) -> int:
-        key = (accepting, *sorted({(pc, stack) for pc, stack, _ in threads}))
         if not threads and not accepting:
             return DEAD
+        key = (accepting, *sorted({(pc, stack) for pc, stack, _ in threads}))
         config = self._ids.get(key)
         if config is None:
             config = len(self._threads)
             self._ids[key] = config
             self._threads.append(threads)
             self._accepting.append(accepting)
+            self._rows.append(None)
             if config >= len(self._table):
                 grown = np.full((len(self._table) * 2, 256), UNKNOWN, dtype=np.int32)
                 grown[: len(self._table)] = self._table
                 self._table = grown
         return config
 
-    def _compute(self, config: int, symbol: int) -> int:
-        threads, matched = self.runtime.step(self._threads[config], symbol, 0, False)
+    def _intern_closure(self, seeds: list[tuple[int, int, Any]]) -> int:
+        threads, matched = self.runtime.closure(seeds, 0, False)
         return self._intern(threads, bool(matched))
 
-    def _fill_row(self, config: int) -> None:
-        """Compute all 256 byte transitions of `config` at once.
+    def _row(self, config: int) -> list[int]:
+        """All 256 byte transitions of `config`, computed on first use.
 
         Bytes accepted by the same subset of threads lead to the same configuration, so the
         runtime steps once per distinct subset (a handful), not once per byte.
         """
-        threads = self._threads[config]
-        row = np.zeros(256, dtype=np.int32)
-        byte_threads = [i for i, (pc, _, _) in enumerate(threads) if self._byte_accept[pc] is not None]
-        if byte_threads:
-            accepts = np.stack([self._byte_accept[threads[i][0]] for i in byte_threads])
-            weights = np.left_shift(np.uint64(1), np.arange(len(byte_threads), dtype=np.uint64))
-            signature = (accepts.astype(np.uint64) * weights[:, None]).sum(axis=0) if len(
-                byte_threads
-            ) < 64 else None
-            if signature is None:  # too many threads for a bit signature: step per byte
-                for byte in range(256):
-                    row[byte] = self._compute(config, byte)
-            else:
-                for value in np.unique(signature):
-                    if value == 0:
-                        continue
-                    members = [threads[byte_threads[i]] for i in range(len(byte_threads))
-                               if int(value) >> i & 1]
-                    byte = int(np.flatnonzero(signature == value)[0])
-                    nxt_threads, matched = self.runtime.step(members, byte, 0, False)
-                    row[signature == value] = self._intern(nxt_threads, bool(matched))
+        row = self._rows[config]
+        if row is not None:
+            return row
+        program, accepted = self.program, self._accepted_bytes
+        movers = [(pc, stack) for pc, stack, _ in self._threads[config] if accepted[pc]]
+        row = [DEAD] * 256
+        if len(movers) == 1:
+            pc, stack = movers[0]
+            nxt = self._intern_closure([(program.arg[pc], stack, None)])
+            for byte in accepted[pc]:
+                row[byte] = nxt
+        elif movers:
+            signature = [0] * 256
+            for i, (pc, _) in enumerate(movers):
+                bit = 1 << i
+                for byte in accepted[pc]:
+                    signature[byte] |= bit
+            groups: dict[int, list[int]] = {}
+            for byte, sig in enumerate(signature):
+                if sig:
+                    groups.setdefault(sig, []).append(byte)
+            for sig, group in groups.items():
+                seeds = [(program.arg[pc], stack, None)
+                         for i, (pc, stack) in enumerate(movers) if sig >> i & 1]
+                nxt = self._intern_closure(seeds)
+                for byte in group:
+                    row[byte] = nxt
+        self._rows[config] = row
         self._table[config] = row
+        return row
 
     def next_state(self, config: int, symbol: int) -> int:
         """Configuration after consuming one symbol (byte or special symbol)."""
         if symbol < SPECIAL_BASE:
-            nxt = int(self._table[config, symbol])
-            if nxt == UNKNOWN:
-                self._fill_row(config)
-                nxt = int(self._table[config, symbol])
-            return nxt
+            return self._row(config)[symbol]
         key = (config, symbol)
         nxt = self._special_next.get(key)
         if nxt is None:
-            nxt = self._compute(config, symbol)
+            threads, matched = self.runtime.step(self._threads[config], symbol, 0, False)
+            nxt = self._intern(threads, bool(matched))
             self._special_next[key] = nxt
         return nxt
 
@@ -150,13 +169,8 @@ class CompiledGrammar:
         data = self.vocab.token_bytes[token_id] if token_id < len(self.vocab.token_bytes) else None
         if not data:
             return DEAD
-        table = self._table
         for byte in data:
-            nxt = int(table[config, byte])
-            if nxt == UNKNOWN:
-                nxt = self.next_state(config, byte)
-                table = self._table
-            config = nxt
+            config = self._row(config)[byte]
             if config == DEAD:
                 return DEAD
         return config
@@ -171,17 +185,15 @@ class CompiledGrammar:
         """The single byte every continuation must start with, or None."""
         if self._accepting[config]:
             return None
-        kind, accept = self.program.kind, self.program.accept
-        allowed: np.ndarray | None = None
+        kind = self.program.kind
+        allowed: set[int] = set()
         for pc, _, _ in self._threads[config]:
             if kind[pc] == SPECIAL:
                 return None
-            row = np.frombuffer(accept[pc], dtype=np.uint8)
-            allowed = row.copy() if allowed is None else allowed | row
-        if allowed is None:
-            return None
-        nonzero = np.flatnonzero(allowed)
-        return bytes((int(nonzero[0]),)) if len(nonzero) == 1 else None
+            allowed.update(self._accepted_bytes[pc])
+            if len(allowed) > 1:
+                return None
+        return bytes(allowed) if allowed else None
 
     # ----------------------------------------------------------------- masks
     def mask(self, config: int) -> tuple[np.ndarray, bool]:
@@ -193,9 +205,18 @@ class CompiledGrammar:
         allowed = np.zeros(self.vocab.size, dtype=bool)
         free = False
         if config != DEAD:
-            tokens = self.trie.tokens_at(self._live_nodes(config))
+            trie = self.trie
+            if self._loops_on_plain_text(config):
+                # Plain-text tokens all come back to `config`: only walk the other tokens.
+                rest = trie.rest
+                tokens = rest.tokens_at(self._live_nodes(config, rest))
+                allowed[trie.plain_tokens] = True
+                count = len(tokens) + len(trie.plain_tokens)
+            else:
+                tokens = trie.tokens_at(self._live_nodes(config, trie))
+                count = len(tokens)
             allowed[tokens] = True
-            free = len(tokens) == self.trie.token_count
+            free = count == trie.token_count
             for token_id, symbol in self.special_symbol.items():
                 if token_id < self.vocab.size and self.next_state(config, symbol) != DEAD:
                     allowed[token_id] = True
@@ -208,13 +229,33 @@ class CompiledGrammar:
             self._masks.popitem(last=False)
         return entry
 
-    def _live_nodes(self, config: int) -> np.ndarray:
-        """Trie nodes whose byte prefix `config` can consume (the root excluded).
+    def _loops_on_plain_text(self, config: int) -> bool:
+        """Whether every plain-text character (see `token_trie.is_plain_text`) leads from
+        `config` back to `config` itself, as inside a JSON string or free text."""
+        known = self._plain_loop.get(config)
+        if known is not None:
+            return known
+        row = self._row(config)
+        result = all(row[b] == config for b in PLAIN_ASCII)
+        if result:
+            for sequence in PLAIN_MULTIBYTE:
+                states = {config}
+                for lo, hi in sequence:
+                    states = {self._row(s)[b] for s in states for b in range(lo, hi + 1)}
+                    if DEAD in states:
+                        break
+                if states != {config}:
+                    result = False
+                    break
+        self._plain_loop[config] = result
+        return result
+
+    def _live_nodes(self, config: int, trie: TokenTrie) -> np.ndarray:
+        """Nodes of `trie` whose byte prefix `config` can consume (the root excluded).
 
         Levels are expanded with numpy while the frontier is wide; once it is narrow, a plain
         depth-first walk is cheaper than a dozen array operations per level.
         """
-        trie = self.trie
         found: list[np.ndarray] = []
         live_nodes = np.zeros(1, dtype=np.int64)
         live_states = np.array([config], dtype=np.int32)
@@ -225,7 +266,7 @@ class CompiledGrammar:
             if total == 0:
                 break
             if total <= _NARROW_FRONTIER:
-                found.append(self._walk_depth_first(live_nodes.tolist(), live_states.tolist()))
+                found.append(self._walk_depth_first(trie, live_nodes.tolist(), live_states.tolist()))
                 break
             # Children of all live nodes, as one flat index array.
             children = np.repeat(starts - np.cumsum(counts) + counts, counts) + np.arange(total)
@@ -234,7 +275,8 @@ class CompiledGrammar:
             next_states = self._table[parent_states, child_bytes]
             unknown = next_states == UNKNOWN
             if unknown.any():
-                self._resolve(parent_states[unknown])
+                for state in np.unique(parent_states[unknown]).tolist():
+                    self._row(state)
                 next_states = self._table[parent_states, child_bytes]
             keep = next_states != DEAD
             live_nodes = children[keep]
@@ -242,28 +284,20 @@ class CompiledGrammar:
             found.append(live_nodes)
         return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
 
-    def _walk_depth_first(self, nodes: list[int], states: list[int]) -> np.ndarray:
-        trie = self.trie
-        child_start, child_end, byte = trie.child_start, trie.child_end, trie.byte
-        table = self._table
+    def _walk_depth_first(self, trie: TokenTrie, nodes: list[int], states: list[int]) -> np.ndarray:
+        child_start, child_end, byte = trie.lists
+        rows, row_of = self._rows, self._row
         live: list[int] = []
         stack = list(zip(nodes, states))
         while stack:
             node, state = stack.pop()
-            for child in range(int(child_start[node]), int(child_end[node])):
-                b = int(byte[child])
-                nxt = int(table[state, b])
-                if nxt == UNKNOWN:
-                    nxt = self.next_state(state, b)
-                    table = self._table
+            row = rows[state] or row_of(state)
+            for child in range(child_start[node], child_end[node]):
+                nxt = row[byte[child]]
                 if nxt != DEAD:
                     live.append(child)
                     stack.append((child, nxt))
         return np.asarray(live, dtype=np.int64)
-
-    def _resolve(self, states: np.ndarray) -> None:
-        for config in np.unique(states).tolist():
-            self._fill_row(config)
 
     def matcher(self) -> GrammarMatcher:
         return GrammarMatcher(self)

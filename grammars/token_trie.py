@@ -8,14 +8,35 @@ kills all tokens below it at once.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from pegmask.grammars.program import utf8_sequences
+
 if TYPE_CHECKING:
     from pegmask.grammars.vocab import Vocabulary
+
+
+# Plain text: printable characters other than the JSON string delimiters `"` and `\`.
+# Inside a JSON string or free text every plain character leads back to the same state, so
+# tokens made only of plain text need no walk there (see CompiledGrammar.mask).
+PLAIN_ASCII = tuple(b for b in range(0x20, 0x80) if b not in b'"\\')
+PLAIN_MULTIBYTE = tuple(
+    tuple(seq) for lo, hi in ((0x80, 0xD7FF), (0xE000, 0x10FFFF)) for seq in utf8_sequences(lo, hi)
+)
+
+
+def is_plain_text(data: bytes) -> bool:
+    """Valid UTF-8 with no control character, `"` or `\\`."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return all(ch >= " " and ch not in '"\\' for ch in text)
 
 
 @dataclass(frozen=True)
@@ -32,18 +53,26 @@ class TokenTrie:
     duplicate_token: np.ndarray  # int64: ... and that token
     depth: int
     token_count: int
+    plain_tokens: np.ndarray  # int64: ids of plain-text tokens (set only on a full trie) ...
+    rest: TokenTrie | None  # ... and the trie of all its other tokens
 
     @property
     def node_count(self) -> int:
         return len(self.byte)
+
+    @functools.cached_property
+    def lists(self) -> tuple[list[int], list[int], list[int]]:
+        """child_start, child_end and byte as Python lists, for scalar walks."""
+        return self.child_start.tolist(), self.child_end.tolist(), self.byte.tolist()
 
     def tokens_at(self, nodes: np.ndarray) -> np.ndarray:
         """Ids of all tokens ending at `nodes`."""
         tokens = self.node_token[nodes]
         tokens = tokens[tokens >= 0]
         if len(self.duplicate_node):
-            extra = self.duplicate_token[np.isin(self.duplicate_node, nodes)]
-            tokens = np.concatenate([tokens, extra])
+            reached = np.zeros(self.node_count, dtype=bool)
+            reached[nodes] = True
+            tokens = np.concatenate([tokens, self.duplicate_token[reached[self.duplicate_node]]])
         return tokens
 
 
@@ -54,12 +83,21 @@ def token_trie(vocab: Vocabulary) -> TokenTrie:
     """The trie of `vocab`'s ordinary (non-empty, non-special) tokens, built once per vocab."""
     trie = _CACHE.get(vocab)
     if trie is None:
-        trie = build_token_trie(vocab.token_bytes)
+        plain = [data is not None and is_plain_text(data) for data in vocab.token_bytes]
+        rest = build_token_trie([None if p else d for d, p in zip(vocab.token_bytes, plain)])
+        trie = build_token_trie(
+            vocab.token_bytes, plain_tokens=np.flatnonzero(plain).astype(np.int64), rest=rest
+        )
         _CACHE[vocab] = trie
     return trie
 
 
-def build_token_trie(token_bytes: list[bytes | None]) -> TokenTrie:
+def build_token_trie(
+    token_bytes: list[bytes | None],
+    *,
+    plain_tokens: np.ndarray | None = None,
+    rest: TokenTrie | None = None,
+) -> TokenTrie:
     entries = sorted(
         (data, token_id) for token_id, data in enumerate(token_bytes) if data
     )
@@ -115,4 +153,5 @@ def build_token_trie(token_bytes: list[bytes | None]) -> TokenTrie:
     return TokenTrie(
         byte, child_start, child_end, token_node, node_token, duplicate[:, 0], duplicate[:, 1],
         max_len, len(token_level_index),
+        np.zeros(0, dtype=np.int64) if plain_tokens is None else plain_tokens, rest,
     )

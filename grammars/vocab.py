@@ -204,8 +204,8 @@ class Vocabulary:
 
         Control, unknown and user-defined tokens are atomic; unused ones have no bytes.
         `eos_ids` are the file's EOS, EOT and EOM ids, then `extra_eos`. Only the metadata
-        section is read (the gguf package's reader is used for names and constants; its full
-        reader takes seconds on a large vocabulary because it also indexes merges and tensors).
+        section is read, with the gguf package's key names and token types: `GGUFReader`
+        takes seconds on a large vocabulary because it indexes every merge and tensor.
         """
         import gguf
 
@@ -268,14 +268,13 @@ class Vocabulary:
         if spec is None or not spec.submodule_search_locations:
             raise ModuleNotFoundError("the quicktok package is not installed")
         data = Path(next(iter(spec.submodule_search_locations))) / "data"
-        base = encoding.rsplit("_", 1)[0]
+        # An encoding has its own files or shares its family's (o200k_harmony: o200k.vocab).
+        stems = (encoding, encoding.rsplit("_", 1)[0])
         vocab_file = next(
-            (data / f"{n}.vocab" for n in (encoding, base) if (data / f"{n}.vocab").exists()),
-            None,
+            (data / f"{s}.vocab" for s in stems if (data / f"{s}.vocab").exists()), None
         )
         special_file = next(
-            (data / f"{n}.special" for n in (encoding, base) if (data / f"{n}.special").exists()),
-            None,
+            (data / f"{s}.special" for s in stems if (data / f"{s}.special").exists()), None
         )
         if vocab_file is None or special_file is None:
             raise ValueError(f"quicktok has no bundled encoding {encoding!r}")

@@ -5,5 +5,21 @@ The public facade; the implementation lives in the subpackages `pegmask.grammars
 """
 
 from pegmask.grammars import Grammar, GrammarError, ParseError
+from pegmask.grammars.automaton import (
+    CompiledGrammar,
+    GrammarCompiler,
+    GrammarMatcher,
+    compile_grammar,
+)
+from pegmask.grammars.vocab import Vocabulary
 
-__all__ = ["Grammar", "GrammarError", "ParseError"]
+__all__ = [
+    "CompiledGrammar",
+    "Grammar",
+    "GrammarCompiler",
+    "GrammarError",
+    "GrammarMatcher",
+    "ParseError",
+    "Vocabulary",
+    "compile_grammar",
+]

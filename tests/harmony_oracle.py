@@ -1,4 +1,4 @@
-"""openai-harmony as an offline test oracle for the harmony dialect.
+"""openai-harmony as an offline test oracle for the Harmony dialects.
 
 openai-harmony loads `o200k_base.tiktoken` from `TIKTOKEN_ENCODINGS_BASE` (or downloads it, which
 tests must not). quicktok-v1 ships the same ranks, so the file is rebuilt from it once per process:
@@ -58,10 +58,8 @@ def oracle_message(token_ids: list[int]) -> dict[str, Any]:
     """What openai-harmony's StreamableParser reads from an assistant output, mapped to the
     OpenAI fields the way the dialect maps them (analysis -> reasoning, final and
     commentary without recipient -> content, `functions.NAME` -> a call, other recipients
-    dropped; messages of one field joined by the dialect's separator)."""
+    dropped; the texts of the messages of one field concatenated, None when empty)."""
     from openai_harmony import Role, StreamableParser
-
-    from pegmask.dialects.harmony import MESSAGE_SEPARATOR
 
     parser = StreamableParser(harmony_encoding(), role=Role.ASSISTANT)
     for token in token_ids:
@@ -82,7 +80,8 @@ def oracle_message(token_ids: list[int]) -> dict[str, Any]:
         else:
             content.append(text)
     return {
-        "content": MESSAGE_SEPARATOR.join(content) if content else None,
-        "reasoning_content": MESSAGE_SEPARATOR.join(reasoning) if reasoning else None,
+        "content": "".join(content) or None,
+        "reasoning_content": "".join(reasoning) or None,
         "calls": calls,
     }
+

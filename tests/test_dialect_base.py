@@ -90,11 +90,20 @@ def allowed_ids(matcher: Any, bitmask: np.ndarray, size: int) -> np.ndarray:
     return np.flatnonzero(bits[:size])
 
 
+def structure_tiers(vocab: Any) -> list[tuple[float, np.ndarray]]:
+    """Sampling preferences: special tokens 30% of the time, short non-blank ASCII tokens 60%
+    (so random text reaches structure and the end within a small budget), else any token."""
+    special = np.zeros(vocab.size, dtype=bool)
+    special[list(vocab.special_names)] = True
+    short = np.array([data is not None and len(data) <= 2 and data.isascii()
+                      and not data.isspace() for data in vocab.token_bytes])
+    return [(0.3, special), (0.9, short)]
+
+
 def sample_tokens(compiled: Any, rng: random.Random, budget: int,
-                  prefer: Callable[[np.ndarray], np.ndarray]) -> list[int] | None:
+                  tiers: list[tuple[float, np.ndarray]]) -> list[int] | None:
     """Token ids drawn at random under the mask until the matcher terminates (None if the
-    budget runs out). `prefer` picks a favored subset of the allowed ids (tried 80% of the
-    time) so that random text reaches structure and the end within the budget."""
+    budget runs out first). `tiers`: (cumulative probability, favored ids as a bool array)."""
     vocab = compiled.vocab
     matcher = compiled.matcher()
     bitmask = np.zeros((1, (vocab.size + 31) // 32), dtype=np.int32)
@@ -104,8 +113,9 @@ def sample_tokens(compiled: Any, rng: random.Random, budget: int,
             return ids
         allowed = allowed_ids(matcher, bitmask, vocab.size)
         assert len(allowed), "the mask allows nothing before the grammar ended"
-        favored = prefer(allowed)
-        pool = favored if len(favored) and rng.random() < 0.8 else allowed
+        draw = rng.random()
+        pool = next((favored for p, favored in ((p, allowed[f[allowed]]) for p, f in tiers)
+                     if draw < p and len(favored)), allowed)
         token = int(pool[rng.randrange(len(pool))])
         assert matcher.accept_token(token)
         ids.append(token)
@@ -123,6 +133,54 @@ def check_calls(message: dict[str, Any], request: ChatRequest) -> None:
         assert name in request.allowed_tools
         jsonschema.validate(json.loads(call["function"]["arguments"]), request.tool_schemas[name])
     assert len({call["id"] for call in calls}) == len(calls)
+
+
+SHAPES: dict[str, list[str]] = {
+    "text": ["text"],
+    "one call": ["weather"],
+    "other tool": ["time"],
+    "text then call": ["text", "weather"],
+    "two calls": ["weather", "weather2"],
+    "mixed calls": ["weather", "time"],
+}
+BAD_CALLS = ["bad schema", "bad type", "missing required", "unknown tool"]
+CALL_TOOLS = {"weather": "get_weather", "weather2": "get_weather", "time": "get_time"}
+
+
+def obeys(request: ChatRequest, parts: list[str], reasoning: bool, thought: bool) -> bool:
+    """Whether an output made of `parts` (after a reasoning block if `thought`) obeys the
+    request."""
+    calls = [CALL_TOOLS[p] for p in parts if p != "text"]
+    if reasoning != thought or len(calls) < request.min_calls:
+        return False
+    if any(name not in request.allowed_tools for name in calls):
+        return False
+    if request.max_calls is not None and len(calls) > request.max_calls:
+        return False
+    return not ("text" in parts and request.min_calls)
+
+
+def assert_request_grammar(dialect: Dialect, request: ChatRequest, reasoning: bool,
+                           render: Callable[[list[str]], str], thought: str,
+                           ends: Sequence[str]) -> None:
+    """`dialect.grammar(request)` accepts exactly the outputs that obey the request (every
+    shape of `SHAPES`, with and without the reasoning block `thought`, before each end in
+    `ends`), rejects calls that break their schema, and what it accepts the trusted parser
+    reads as the lenient one does. `render(parts)` writes an output body."""
+    grammar = dialect.grammar(request)
+    for with_thought in (True, False):
+        prefix = thought if with_thought else ""
+        for label, parts in SHAPES.items():
+            want = obeys(request, parts, reasoning, with_thought)
+            for end in ends:
+                output = prefix + render(parts) + end
+                assert grammar.matches(output) == want, (label, output)
+                if want:
+                    trusted = dialect.parse(output, request, trusted=True, seed=1)
+                    assert trusted == dialect.parse(output, request, seed=1)
+    for bad in BAD_CALLS:
+        output = (thought if reasoning else "") + render([bad])
+        assert not grammar.matches(output), bad
 
 
 # --------------------------------------------------------------------------- requests

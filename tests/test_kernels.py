@@ -3,13 +3,13 @@ the masked sampler, checked against xgrammar's own CPU implementation."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
 import textwrap
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -266,6 +266,8 @@ def triton_results(
     TRITON_INTERPRET must be set before triton compiles the kernel, i.e. before the module is
     imported, hence a fresh interpreter.
     """
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed")
     folder = tmp_path_factory.mktemp("triton")
     cases_file, results_file = folder / "cases.pt", folder / "results.pt"
     torch.save(
@@ -278,7 +280,6 @@ def triton_results(
         capture_output=True,
         text=True,
         timeout=300,
-        cwd=Path(__file__).parent,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return torch.load(results_file)
@@ -337,7 +338,7 @@ def test_sampling_never_picks_a_masked_token() -> None:
     logits, allowed = masked_logits(2)
     gen = torch.Generator().manual_seed(0)
     for params in [{}, {"temperature": 5.0}, {"top_k": 3}, {"top_p": 0.5}]:
-        for _ in range(50):
+        for _ in range(20):
             picks = sample_masked(logits, generator=gen, **params)
             assert allowed[np.arange(len(picks)), picks.numpy()].all()
 

@@ -449,9 +449,10 @@ def test_llmjp_as_tokenizers_object(llmjp: Vocabulary, llmjp_tokenizer, decoder:
     )
 
 
-def test_llmjp_as_gguf(llmjp: Vocabulary, llmjp_tokenizer, tmp_path: Path) -> None:
+@pytest.mark.parametrize("byte_order", ["little", "big"])
+def test_llmjp_as_gguf(llmjp: Vocabulary, llmjp_tokenizer, tmp_path: Path, byte_order: str) -> None:
     """A llama (SentencePiece) GGUF written the way llama.cpp's converter does: control for
-    the configured specials, byte tokens for <0xNN>."""
+    the configured specials, byte tokens for <0xNN>; GGUF files come in both byte orders."""
     import gguf
 
     sp = llmjp_tokenizer.sp_model
@@ -466,7 +467,8 @@ def test_llmjp_as_gguf(llmjp: Vocabulary, llmjp_tokenizer, tmp_path: Path) -> No
         else:
             types.append(gguf.TokenType.NORMAL)
     path = tmp_path / "llmjp.gguf"
-    writer = gguf.GGUFWriter(path, arch="llama")
+    endian = gguf.GGUFEndian.BIG if byte_order == "big" else gguf.GGUFEndian.LITTLE
+    writer = gguf.GGUFWriter(path, arch="llama", endianess=endian)
     writer.add_tokenizer_model("llama")
     writer.add_token_list(tokens)
     writer.add_token_types(types)
@@ -511,3 +513,20 @@ def test_tiktoken_from_dict_and_eos_rules() -> None:
     assert vocab.token_text(2) == "\\xff"
     with pytest.raises(ValueError, match="not a special token"):
         Vocabulary.from_tiktoken(ranks, {}, extra_eos=["<|nope|>"])
+
+
+def test_unsupported_inputs_are_rejected(tmp_path: Path) -> None:
+    from tokenizers import Tokenizer, decoders, models
+
+    with pytest.raises(TypeError, match="unsupported tokenizer"):
+        Vocabulary.from_hf(object())
+    word_piece = Tokenizer(models.WordPiece({"[UNK]": 0, "a": 1, "##b": 2}, unk_token="[UNK]"))
+    word_piece.decoder = decoders.WordPiece()
+    with pytest.raises(ValueError, match="unsupported tokenizer decoder"):
+        Vocabulary.from_hf(word_piece)
+    not_gguf = tmp_path / "x.gguf"
+    not_gguf.write_bytes(b"GGML" + bytes(20))
+    with pytest.raises(ValueError, match="not a GGUF"):
+        Vocabulary.from_gguf(not_gguf)
+    with pytest.raises(ValueError, match="no bundled encoding"):
+        Vocabulary.from_quicktok("no_such_encoding")

@@ -1,0 +1,311 @@
+"""`Engine`: a model, its vocabulary and chat dialect, and `generate` on top of the decode loop.
+
+A request becomes a `RowSpec` before anything runs: the prompt is rendered and tokenized, the
+output grammar (the dialect's, specialized to the request, or a structured-output grammar) is
+compiled against the vocabulary, and the output handler is chosen. Every error a request can
+cause surfaces there, as an `InvalidRequestError`; decoding itself does not raise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pegmask.dialects import ChatRequest, Dialect, DialectStreamParser, get_dialect
+from pegmask.engine.decode import (
+    ChatOutput,
+    DecodeStats,
+    Delta,
+    Row,
+    RowSpec,
+    TextOutput,
+    decode_rows,
+    start_rows,
+)
+from pegmask.engine.model import ModelBackend, load_backend
+from pegmask.engine.requests import GenerationRequest, InvalidRequestError, build_request
+from pegmask.grammars import Grammar
+from pegmask.grammars.automaton import CompiledGrammar, compile_grammar
+from pegmask.grammars.ir import GrammarIR, Literal, Node, Special, children
+from pegmask.grammars.vocab import Vocabulary
+
+COMPILED_CACHE_SIZE = 64
+_TOOLS_VARIABLE = re.compile(r"\btools\b")
+
+
+@dataclass
+class GenerationResult:
+    """One finished generation. `message` is the OpenAI assistant message (for a completion,
+    its text as content); `usage` counts prompt and completion tokens."""
+
+    text: str
+    message: dict[str, Any]
+    finish_reason: str
+    usage: dict[str, int]
+    token_ids: list[int]
+
+
+class GenerationStream:
+    """Iterator of OpenAI deltas for one request (`{"text": ...}` pieces for a completion;
+    `{"role": "assistant"}` then content / reasoning / tool-call deltas for a chat). Once it is
+    exhausted, `result` holds the same `GenerationResult` a non-streamed call returns."""
+
+    def __init__(self, engine: Engine, row: Row, is_chat: bool):
+        self._engine = engine
+        self._row = row
+        self._is_chat = is_chat
+        self.result: GenerationResult | None = None
+        self._deltas = self._run()
+
+    def __iter__(self) -> Iterator[Delta]:
+        return self._deltas
+
+    def __next__(self) -> Delta:
+        return next(self._deltas)
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.result.finish_reason if self.result is not None else None
+
+    def _run(self) -> Iterator[Delta]:
+        if self._is_chat:
+            yield {"role": "assistant"}
+        with self._engine._lock:
+            for _, deltas in decode_rows(self._engine.backend, [self._row], self._engine.stats):
+                yield from deltas
+        self.result = self._engine._result(self._row)
+
+
+class Engine:
+    """Grammar-constrained generation with one model.
+
+    `Engine()` runs the embedded SmolLM2-135M-Instruct on the CPU. `model` is a GGUF file or a
+    local Hugging Face folder; `dialect="auto"` picks the chat dialect from the model's chat
+    template; `chat_template` replaces the model's own.
+    """
+
+    def __init__(
+        self,
+        model: str | os.PathLike[str] | None = None,
+        *,
+        device: str | None = "cpu",
+        dtype: str | None = None,
+        dialect: str = "auto",
+        chat_template: str | None = None,
+    ):
+        self.backend: ModelBackend = load_backend(model, device=device, dtype=dtype)
+        self.vocab: Vocabulary = self.backend.vocab
+        self.chat_template = chat_template or self.backend.chat_template
+        name = detect_dialect(self.chat_template) if dialect == "auto" else dialect
+        options = dialect_options(name, self.chat_template)
+        self.dialect_name = name
+        self.dialect: Dialect = get_dialect(name, chat_template=self.chat_template, **options)
+        # The dialect's own prompt format, for tools the model's template does not render.
+        self._native: Dialect | None = None
+        if self.dialect.native_renderer and not renders_tools(self.chat_template):
+            self._native = get_dialect(name, **options)
+        self._compiled: OrderedDict[Grammar, CompiledGrammar] = OrderedDict()
+        self._lock = threading.Lock()  # not an RLock: a stream may resume on another thread
+        self.stats = DecodeStats()
+
+    @property
+    def model_name(self) -> str:
+        return self.backend.name
+
+    # ----------------------------------------------------------------- public API
+    def generate(
+        self,
+        prompt_or_messages: str | Sequence[Mapping[str, Any]],
+        *,
+        stream: bool = False,
+        **options: Any,
+    ) -> GenerationResult | GenerationStream:
+        """Generate for a completion prompt (a string) or a chat (a list of messages).
+
+        Options: max_tokens, temperature, top_p, top_k, seed, stop, tools, tool_choice,
+        parallel_tool_calls, response_format, grammar, chat_template_kwargs (see
+        `pegmask.engine.requests.build_request`). With `stream=True`, a `GenerationStream`.
+        """
+        request = build_request(prompt_or_messages, **options)
+        row = start_rows(self.backend, self.vocab, [self.prepare(request)])[0]
+        if stream:
+            return GenerationStream(self, row, request.is_chat)
+        return self._decode([row])[0]
+
+    def generate_batch(self, requests: Sequence[Mapping[str, Any]]) -> list[GenerationResult]:
+        """Several requests decoded as one batch. Each item holds `generate`'s keyword options
+        plus the input under `prompt` or `messages`."""
+        specs = []
+        for i, item in enumerate(requests):
+            options = dict(item)
+            if ("prompt" in options) == ("messages" in options):
+                raise InvalidRequestError(f"requests[{i}] needs exactly one of prompt and messages",
+                                          "messages")
+            source = options.pop("prompt") if "prompt" in options else options.pop("messages")
+            specs.append(self.prepare(build_request(source, **options)))
+        return self._decode(start_rows(self.backend, self.vocab, specs))
+
+    # ----------------------------------------------------------------- preparation
+    def prepare(self, request: GenerationRequest) -> RowSpec:
+        """Render, tokenize and compile: everything before the first forward."""
+        if request.is_chat:
+            prompt_ids = self.backend.encode(self.render(request))
+        else:
+            prompt_ids = self.backend.encode(request.prompt, add_special_tokens=True)
+        room = self.backend.context_length - len(prompt_ids)
+        if room <= 0:
+            raise InvalidRequestError(
+                f"the prompt has {len(prompt_ids)} tokens; the model's context is "
+                f"{self.backend.context_length}",
+                "messages" if request.is_chat else "prompt",
+            )
+        max_new = min(request.sampling.max_tokens, room)
+        matcher, stop_ids = None, frozenset(self.vocab.eos_ids)
+        if request.is_chat and request.grammar is None:
+            grammar = self._checked(lambda: self.dialect.grammar(request.chat), "response_format")
+            compiled = self.compiled(grammar)
+            parser = DialectStreamParser(compiled.grammar, request.chat, self.vocab,
+                                         trusted=True, seed=request.sampling.seed)
+            output: Any = ChatOutput(parser)
+        else:
+            output = TextOutput(self.vocab, "content" if request.is_chat else "text")
+            compiled = self.compiled(request.grammar) if request.grammar is not None else None
+        if compiled is not None:
+            matcher = compiled.matcher()
+            stop_ids = frozenset(compiled.stop_ids)
+        return RowSpec(prompt_ids, request.sampling, max_new, output, matcher, stop_ids)
+
+    def render(self, request: GenerationRequest) -> str:
+        """The chat prompt: the model's template, or the dialect's native format when there are
+        tools the template would drop."""
+        chat: ChatRequest = request.chat
+        kwargs = dict(request.template_kwargs)
+        dialect = self.dialect
+        if chat.tools and self._native is not None:
+            dialect = self._native
+        else:
+            for key, value in self.backend.template_tokens().items():
+                kwargs.setdefault(key, value)
+        return self._checked(
+            lambda: dialect.render(request.messages, tools=chat.tools or None,
+                                   add_generation_prompt=True, **kwargs),
+            "messages",
+        )
+
+    def compiled(self, grammar: Grammar) -> CompiledGrammar:
+        """`grammar` bound to this model's vocabulary (cached; compile errors become
+        `InvalidRequestError`)."""
+        compiled = self._compiled.get(grammar)
+        if compiled is None:
+            bound = bind_specials(grammar, self.vocab)
+            self._checked(lambda: bound.program, "response_format")
+            compiled = compile_grammar(bound, self.vocab)
+            self._compiled[grammar] = compiled
+            if len(self._compiled) > COMPILED_CACHE_SIZE:
+                self._compiled.popitem(last=False)
+        else:
+            self._compiled.move_to_end(grammar)
+        return compiled
+
+    @staticmethod
+    def _checked(build: Any, param: str) -> Any:
+        try:
+            return build()
+        except InvalidRequestError:
+            raise
+        except (ValueError, TypeError, RecursionError) as exc:
+            raise InvalidRequestError(str(exc), param) from exc
+
+    # ----------------------------------------------------------------- decoding
+    def _decode(self, rows: list[Row]) -> list[GenerationResult]:
+        with self._lock:
+            for _ in decode_rows(self.backend, rows, self.stats):
+                pass
+        return [self._result(row) for row in rows]
+
+    def _result(self, row: Row) -> GenerationResult:
+        output = row.spec.output
+        message = output.message
+        if isinstance(output, TextOutput):
+            text = output.text
+        else:
+            eos = set(self.vocab.eos_ids)
+            text = "".join(self.vocab.token_text(t) for t in row.generated if t not in eos)
+        prompt_tokens = len(row.spec.prompt_ids)
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(row.generated),
+                 "total_tokens": prompt_tokens + len(row.generated)}
+        return GenerationResult(text, message, row.finish_reason or "length", usage,
+                                list(row.generated))
+
+
+# --------------------------------------------------------------------------- dialects
+def detect_dialect(template: str | None) -> str:
+    """The dialect a chat template writes: `chat_format=llm-jp-harmony-v1` on its first line
+    is llmjp-harmony, Harmony's `<|channel|>` is harmony, DSML is dsml, Qwen3-Coder's
+    `<function=` is hermes-xml, and ChatML or `<tool_call>` is hermes."""
+    if not template:
+        raise ValueError("the model has no chat template: pass dialect= (or chat_template=)")
+    first_line = template.lstrip().split("\n", 1)[0]
+    if "chat_format=llm-jp-harmony-v1" in first_line:
+        return "llmjp-harmony"
+    if "<|channel|>" in template:
+        return "harmony"
+    if "DSML" in template:
+        return "dsml"
+    if "<function=" in template:
+        return "hermes-xml"
+    if "<tool_call>" in template or "<|im_start|>" in template:
+        return "hermes"
+    raise ValueError("cannot tell the chat dialect from the chat template: pass dialect=")
+
+
+def dialect_options(name: str, template: str | None) -> dict[str, Any]:
+    """A Hermes-family model whose template never mentions `<think>` does not reason."""
+    if name in ("hermes", "hermes-xml") and template and "<think>" not in template:
+        return {"reasoning": False}
+    return {}
+
+
+def renders_tools(template: str | None) -> bool:
+    """Whether a chat template reads the `tools` variable at all."""
+    return bool(template and _TOOLS_VARIABLE.search(template))
+
+
+# --------------------------------------------------------------------------- grammars
+def bind_specials(grammar: Grammar, vocab: Vocabulary) -> Grammar:
+    """`grammar` with every special token the vocabulary lacks written as its spelling.
+
+    A model without `<tool_call>` in its vocabulary (SmolLM2) writes it as text; keeping the
+    special would make tool calls impossible to produce. The parser and the automaton both run
+    from the rewritten grammar, so they still agree.
+    """
+    missing = {name for name in grammar.ir.specials if name not in vocab.special_ids}
+    if not missing:
+        return grammar
+    memo: dict[Node, Node] = {}
+
+    def rewrite(node: Node) -> Node:
+        done = memo.get(node)
+        if done is not None:
+            return done
+        if isinstance(node, Special) and node.name in missing:
+            result: Node = Literal.of(node.name)
+        elif not children(node):
+            result = node
+        elif hasattr(node, "item"):
+            result = dataclasses.replace(node, item=rewrite(node.item))
+        else:
+            field = "items" if hasattr(node, "items") else "alts"
+            result = dataclasses.replace(node, **{field: tuple(map(rewrite, children(node)))})
+        memo[node] = result
+        return result
+
+    ir = grammar.ir
+    rules = {name: rewrite(node) for name, node in ir.rules.items()}
+    return Grammar(GrammarIR(rules, ir.start), max_instructions=grammar.max_instructions)
