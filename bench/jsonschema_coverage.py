@@ -123,7 +123,7 @@ def _disagreement(grammar: Grammar, schema: Any, test: dict[str, Any],
             relaxed = Grammar.from_json_schema(schema, **{**options, "property_order": "any"})
             if all(relaxed.matches(text) for text in spellings):
                 return "rejected valid: property order"
-        except SchemaError:
+        except GrammarError:
             pass
     if not any(verdicts):
         try:

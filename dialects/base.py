@@ -28,6 +28,14 @@ chat.completion.chunk ``delta`` objects: ``{"content": ...}``, ``{"reasoning_con
 call, then ``{"tool_calls": [{"index", "function": {"arguments": piece}}]}``. The role is the
 engine's to add.
 
+Writing a dialect: subclass `Dialect` (or `TurnDialect` for `reasoning? content? calls?`
+outputs), set `name` (and `native_renderer`, `reasoning_default`), register it in `_REGISTRY`,
+and implement `grammar_source(request, strict) -> (peg_text, schemas)` with start rule `root`.
+`peg_sections`, `fill`, `peg_literal`, `alternatives` and `separated` build the per-request
+text from the `.peg` templates. The base wraps `root` as ``pegmask_turn = @turn:root`` (so the
+rule name `pegmask_turn` and the tag `turn` are reserved) and caches grammars per
+`grammar_key`, which must cover everything `grammar_source` reads from the request.
+
 Capture tags a dialect grammar reports (everything else is framing):
 
 * ``reasoning`` / ``content``: text of reasoning_content / content;
@@ -165,8 +173,7 @@ def schema_type(schema: Any) -> str | None:
         return None
     kind = schema.get("type")
     if isinstance(kind, list):
-        kinds = [k for k in kind if k != "null"]
-        kind = kinds[0] if len(kinds) == 1 and len(kind) == 1 else None
+        kind = kind[0] if len(kind) == 1 else None
     if isinstance(kind, str):
         return kind
     values = schema.get("enum", [schema["const"]] if "const" in schema else None)
@@ -380,6 +387,7 @@ class TurnDialect(Dialect):
         if not isinstance(properties, dict) or not properties:
             return "", "any_params", {}
         required = set(schema.get("required") or ())
+        defs = {k: schema[k] for k in ("$defs", "definitions") if k in schema}  # for $refs
         text, needed, optional, schemas = "", [], [], {}
         for j, (key, sub) in enumerate(properties.items()):
             rule, schema_name = f"p_{index}_{j}", f"s_{index}_{j}"
@@ -387,7 +395,7 @@ class TurnDialect(Dialect):
             if values is None:
                 text += fill(sections["per json parameter"], i=index, j=j,
                              key=peg_literal(key), schema=schema_name)
-                schemas[schema_name] = sub
+                schemas[schema_name] = {**defs, **sub} if isinstance(sub, dict) else sub
             else:
                 value = alternatives([peg_literal(v) for v in values]) if values else "raw"
                 text += fill(sections["per string parameter"], i=index, j=j,
@@ -445,12 +453,11 @@ class _Call:
 
 
 class _Param:
-    """A parameter of an XML / DSML call: key, value kind and value text."""
+    """A parameter of an XML / DSML call: its key and value text."""
 
     def __init__(self) -> None:
         self.key_parts: list[str] = []
         self.key: str | None = None
-        self.kind: str | None = None
         self.parts: list[str] = []
         self.streamed = False
 
@@ -511,8 +518,8 @@ class DialectStreamParser:
         if not self._failed:
             try:
                 self._events(self._parser.finish())
-            except ParseError:
-                self._truncated()
+            except ParseError:  # cut off inside a call or its framing: drop it (or flag it)
+                self._fail()
         self._content(self._decoder.decode(b"", final=True))
         return self._take()
 
@@ -535,10 +542,6 @@ class DialectStreamParser:
         out, self._out = _merge(self._out), []
         return out
 
-    def _truncated(self) -> None:
-        """The output ended inside a call (or its framing): drop it, or flag a streamed one."""
-        self._fail()
-
     def _malformed(self) -> None:
         """Input that the grammar cannot parse: the unparsed rest (from the start of an
         unreleased call or call region) becomes content."""
@@ -550,6 +553,7 @@ class DialectStreamParser:
         self._content(self._decoder.decode(bytes(self._raw[start:])))
 
     def _fail(self) -> None:
+        """Stop parsing: unreleased calls are dropped, a streamed one is flagged."""
         if self._call is not None and self._trusted:
             self.incomplete = True
         self._held, self._call, self._region = [], None, None
@@ -614,7 +618,6 @@ class DialectStreamParser:
             call.param = _Param()
         elif tag in ("string", "json", "value") and call.param is not None:
             param = call.param
-            param.kind = tag
             param.streamed = self._streams(tag, param.key)
             if param.streamed and tag == "string":
                 self._arguments('"')
@@ -684,14 +687,15 @@ class DialectStreamParser:
         return kind == "json" and self._trusted
 
     def _convert(self, kind: str, key: str | None, raw: str) -> str:
-        """The JSON text of a whole parameter value, typed by the tool schema when known.
+        """The JSON text of a whole parameter value, coerced to the schema's type when known.
 
-        `value` text loses one framing newline at each end; JSON that does not parse (and a
-        `string` the schema says is no string but that is no JSON either) stays a string.
+        `value` text loses one framing newline at each end. Text that is no JSON (Python's
+        True/False/None aside) stays a string, and so does any value of a string parameter.
         """
+        expected = schema_type(self._property_schema(key))
         if kind == "value":
             raw = raw.removeprefix("\n").removesuffix("\n")
-            if schema_type(self._property_schema(key)) == "string":
+            if expected == "string":
                 return _dumps(raw)
         text = raw.strip()
         try:
@@ -700,6 +704,8 @@ class DialectStreamParser:
             value, exact = _PYTHON_LITERALS.get(text, _INVALID), False
         if value is _INVALID or (kind == "string" and isinstance(value, str)):
             return _dumps(raw)
+        if expected == "string" and not isinstance(value, str):
+            return _dumps(text)
         return text if exact and kind != "string" else _dumps(value)
 
     def _new_id(self) -> str:

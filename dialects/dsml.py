@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pegmask.dialects.base import TurnDialect, peg_literal
+from pegmask.dialects.base import TurnDialect, alternatives, peg_literal
 
 _BLOCKS = {"v4": "tool_calls", "v3.2": "function_calls"}
 
@@ -31,4 +31,4 @@ class DsmlDialect(TurnDialect):
 
     def substitutions(self, strict: bool) -> dict[str, str]:
         names = [_BLOCKS[self.version]] if strict else list(_BLOCKS.values())
-        return {"block": "(" + " | ".join(peg_literal(n) for n in names) + ")"}
+        return {"block": alternatives([peg_literal(name) for name in names])}

@@ -63,5 +63,5 @@ class HarmonyDialect(Dialect):
                 schemas["response"] = request.response_schema
                 values["final_body"] = "json(response)"
             values["prelude"] = "thoughts" if thoughts else '""'
-            values["thought"] = " | ".join(thoughts) if thoughts else "analysis"  # unreachable
+            values["thought"] = " | ".join(thoughts) if thoughts else "analysis"  # then unused
         return fill(sections[""], **values) + calls + spacing, schemas

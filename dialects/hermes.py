@@ -17,7 +17,7 @@ class HermesDialect(TurnDialect):
     name = "hermes"
     peg_file = "hermes.peg"
     native_renderer = "hermes"
-    implicit_reasoning_end = False
+    implicit_reasoning_end = False  # a <tool_call> written while thinking stays reasoning
 
     def __init__(self, *, arguments_first: bool = False, **options: Any):
         super().__init__(**options)

@@ -83,6 +83,7 @@ class CompiledGrammar:
         self._table = np.full((64, 256), UNKNOWN, dtype=np.int32)
         self._table[DEAD] = DEAD
         self._special_next: dict[tuple[int, int], int] = {}
+        self._closures: dict[tuple, int] = {}
         self._plain_loop: dict[int, bool] = {}
         self._accepted_bytes = _accepted_bytes(self.program)
         self._masks: OrderedDict[int, tuple[np.ndarray, bool]] = OrderedDict()
@@ -94,7 +95,8 @@ class CompiledGrammar:
     def _intern(self, threads: list[tuple[int, int, Any]], accepting: bool) -> int:
         if not threads and not accepting:
             return DEAD
-        key = (accepting, *sorted({(pc, stack) for pc, stack, _ in threads}))
+        # Closure output never repeats a (pc, stack) pair, so sorting the pairs is canonical.
+        key = (accepting, *sorted([(pc, stack) for pc, stack, _ in threads]))
         config = self._ids.get(key)
         if config is None:
             config = len(self._threads)
@@ -109,8 +111,14 @@ class CompiledGrammar:
         return config
 
     def _intern_closure(self, seeds: list[tuple[int, int, Any]]) -> int:
-        threads, matched = self.runtime.closure(seeds, 0, False)
-        return self._intern(threads, bool(matched))
+        """Configuration of the closure of `seeds`; memoized, since many byte steps of
+        different configurations land on the same seeds."""
+        key = tuple([(pc, stack) for pc, stack, _ in seeds])
+        config = self._closures.get(key)
+        if config is None:
+            threads, matched = self.runtime.closure(seeds, 0, False)
+            config = self._closures[key] = self._intern(threads, bool(matched))
+        return config
 
     def _row(self, config: int) -> list[int]:
         """All 256 byte transitions of `config`, computed on first use.

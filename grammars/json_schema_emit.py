@@ -466,7 +466,7 @@ class Emitter:
         one rule per set of slots already written."""
         refs = [self.share(node) for _, node in slots]
         need = sum(1 << i for i, (r, _) in enumerate(slots) if r)
-        extras = Repeat(seq(self.sep, extra), 0, None) if extra is not None else EMPTY
+        extras = self.share(Repeat(seq(self.sep, extra), 0, None)) if extra is not None else EMPTY
         states: dict[int, str] = {}
 
         def after(done: int) -> Ref:

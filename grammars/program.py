@@ -174,8 +174,8 @@ def nullable_rules(rules: Mapping[str, Node]) -> set[str]:
 def is_nullable(node: Node, nullable: set[str]) -> bool:
     if isinstance(node, Literal):
         return not node.data
-    if isinstance(node, (ByteClass, CharClass, Special)):
-        return False
+    if isinstance(node, (ByteClass, CharClass, Special, JsonSchema)):
+        return False  # a JSON value is never empty
     if isinstance(node, Seq):
         return all(is_nullable(i, nullable) for i in node.items)
     if isinstance(node, Choice):

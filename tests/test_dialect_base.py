@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Callable, Sequence
+from itertools import pairwise
 from typing import Any
 
 import jsonschema
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, settings
 
 from pegmask.dialects import ChatRequest, Dialect, RequestError, accumulate, get_dialect
 from pegmask.dialects.base import peg_literal, raw_string_values, schema_type, separated
@@ -45,6 +47,19 @@ TOOL_CHOICES: list[Any] = ["auto", "required", "none",
 
 
 # --------------------------------------------------------------------------- shared helpers
+CHUNKINGS = settings(max_examples=8, deadline=None,
+                     suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def message(content: str | None = None, reasoning: str | None = None,
+            calls: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
+    """An expected assistant message; call ids are their positions (see `without_ids`)."""
+    return {"role": "assistant", "content": content, "reasoning_content": reasoning,
+            "tool_calls": [{"id": i, "type": "function",
+                            "function": {"name": name, "arguments": arguments}}
+                           for i, (name, arguments) in enumerate(calls)]}
+
+
 def without_ids(message: dict[str, Any]) -> dict[str, Any]:
     """The message with call ids replaced by their position (ids are random by default)."""
     calls = [{**call, "id": i} for i, call in enumerate(message["tool_calls"])]
@@ -54,7 +69,7 @@ def without_ids(message: dict[str, Any]) -> dict[str, Any]:
 def split_at(items: Sequence[Any], cuts: Sequence[int]) -> list[Sequence[Any]]:
     """`items` cut at the given positions (any order, duplicates and out-of-range allowed)."""
     points = sorted({min(max(c, 0), len(items)) for c in cuts} | {0, len(items)})
-    return [items[a:b] for a, b in zip(points, points[1:])]
+    return [items[a:b] for a, b in pairwise(points)]
 
 
 def assert_stream_matches(dialect: Dialect, output: str | Sequence[int], cuts: Sequence[int],
@@ -133,6 +148,28 @@ def check_calls(message: dict[str, Any], request: ChatRequest) -> None:
         assert name in request.allowed_tools
         jsonschema.validate(json.loads(call["function"]["arguments"]), request.tool_schemas[name])
     assert len({call["id"] for call in calls}) == len(calls)
+
+
+def assert_sampling_obeys(dialect: Dialect, request: ChatRequest, vocab: Any,
+                          budget: int, seeds: int = 3) -> None:
+    """Random sampling under the mask of `dialect.grammar(request)` yields outputs whose calls
+    obey the request, parsed alike leniently and token by token as the engine does (trusted)."""
+    from pegmask.grammars.automaton import compile_grammar
+
+    compiled = compile_grammar(dialect.grammar(request), vocab)
+    tiers = structure_tiers(vocab)
+    finished = 0
+    for seed in range(seeds):
+        ids = sample_tokens(compiled, random.Random(seed), budget, tiers)
+        if ids is None:
+            continue
+        finished += 1
+        parsed = dialect.parse(ids, request, vocab, seed=7)
+        check_calls(parsed, request)
+        streamed = assert_stream_matches(dialect, ids, range(len(ids)), request, vocab,
+                                         trusted=True)
+        assert streamed == parsed
+    assert finished, "no sample ended within the token budget"
 
 
 SHAPES: dict[str, list[str]] = {

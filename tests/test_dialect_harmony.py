@@ -11,6 +11,7 @@ import random
 from typing import Any
 
 import jsonschema
+import numpy as np
 import pytest
 from harmony_oracle import encode, oracle_message
 from hypothesis import HealthCheck, given, settings
@@ -29,7 +30,7 @@ from test_dialect_base import (
 from pegmask.dialects import ChatRequest, get_dialect
 
 DIALECT = get_dialect("harmony")
-CHUNKINGS = settings(max_examples=10, deadline=None,
+CHUNKINGS = settings(max_examples=6, deadline=None,
                      suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
@@ -175,8 +176,88 @@ def o200k_harmony_text(text: str) -> list[int]:
     return quicktok.get_encoding("o200k_harmony").encode_ordinary(text)
 
 
+# --------------------------------------------------------------------------- prompt side
+WEATHER_TOOLS = [
+    {"type": "function", "function": {"name": "get_location",
+                                      "description": "Gets the location of the user."}},
+    {"type": "function", "function": {
+        "name": "get_current_weather",
+        "description": "Gets the current weather in the provided location.",
+        "parameters": {"type": "object", "required": ["location"], "properties": {
+            "location": {"type": "string",
+                         "description": "The city and state, e.g. San Francisco, CA"},
+            "format": {"type": "string", "enum": ["celsius", "fahrenheit"],
+                       "default": "celsius"}}}}},
+    {"type": "function", "function": {
+        "name": "get_multiple_weathers",
+        "description": "Gets the current weather in the provided list of locations.",
+        "parameters": {"type": "object", "required": ["locations"], "properties": {
+            "locations": {"type": "array", "items": {"type": "string"},
+                          "description": 'List of city and state, e.g. ["San Francisco, CA", '
+                                         '"New York, NY"]'},
+            "format": {"type": "string", "enum": ["celsius", "fahrenheit"],
+                       "default": "celsius"}}}}},
+]
+PROMPT_1_8 = """<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.
+Knowledge cutoff: 2024-06
+Current date: 2025-06-28
+
+Reasoning: high
+
+# Valid channels: analysis, commentary, final. Channel must be included for every message.
+Calls to these tools must go to the commentary channel: 'functions'.<|end|>\
+<|start|>developer<|message|># Instructions
+
+Always respond in riddles
+
+# Tools
+
+## functions
+
+namespace functions {
+
+// Gets the location of the user.
+type get_location = () => any;
+
+// Gets the current weather in the provided location.
+type get_current_weather = (_: {
+// The city and state, e.g. San Francisco, CA
+location: string,
+format?: "celsius" | "fahrenheit", // default: celsius
+}) => any;
+
+// Gets the current weather in the provided list of locations.
+type get_multiple_weathers = (_: {
+// List of city and state, e.g. ["San Francisco, CA", "New York, NY"]
+locations: string[],
+format?: "celsius" | "fahrenheit", // default: celsius
+}) => any;
+
+} // namespace functions<|end|><|start|>user<|message|>What is the weather like in SF?<|end|>\
+<|start|>assistant"""
+
+
+def test_render_matches_the_reference_prompt():
+    """Sections 1.7 and 1.8: system and developer messages, tools, a tool result."""
+    history = [{"role": "system", "content": "Always respond in riddles"},
+               {"role": "user", "content": "What is the weather like in SF?"}]
+    assert DIALECT.render(history, tools=WEATHER_TOOLS, conversation_start_date="2025-06-28",
+                          reasoning_effort="high") == PROMPT_1_8
+    history[1:] = [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [{
+            "id": "c1", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"location": "Tokyo"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": '{"sunny": true, "temperature": 20}'},
+    ]
+    prompt = DIALECT.render(history, conversation_start_date="2025-06-28")
+    assert prompt.endswith(TOKYO_CALL + "<|start|>functions.get_weather to=assistant"
+                           '<|channel|>commentary<|message|>{"sunny": true, "temperature": 20}'
+                           "<|end|><|start|>assistant")
+
+
 # --------------------------------------------------------------------------- openai-harmony oracle
-TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="<"),
+TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="|"),
                max_size=24)
 JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers(-10**6, 10**6) | TEXT,
@@ -196,7 +277,7 @@ def harmony_messages(draw) -> str:
         kind = draw(st.sampled_from(["analysis", "preamble", "final", "call", "builtin"]))
         if kind in ("call", "builtin"):
             if kind == "call":
-                name = draw(st.from_regex(r"[a-z][a-z0-9_]{0,10}", fullmatch=True))
+                name = draw(st.from_regex(r"[a-z][a-z0-9_.\-]{0,10}", fullmatch=True))
                 recipient = "functions." + name
                 arguments = draw(st.dictionaries(TEXT, JSON_VALUES, max_size=4))
                 body = json.dumps(arguments, ensure_ascii=draw(st.booleans()),
@@ -214,6 +295,8 @@ def harmony_messages(draw) -> str:
             end = "<|call|>"
         else:
             channel = {"analysis": "analysis", "preamble": "commentary", "final": "final"}[kind]
+            # no content type here: with no recipient, openai-harmony reads `final json` as
+            # recipient "json" (the structured-output answer is content for llama.cpp and us)
             header, body = f"<|channel|>{channel}", draw(TEXT)
             end = "<|return|>" if kind == "final" and index == count - 1 else "<|end|>"
         if index:
@@ -225,15 +308,15 @@ def harmony_messages(draw) -> str:
 
 
 @settings(max_examples=150, deadline=None)
-@given(output=harmony_messages())
-def test_agrees_with_openai_harmony(output):
+@given(output=harmony_messages(), cuts=st.lists(st.integers(0, 300), max_size=4))
+def test_agrees_with_openai_harmony(output, cuts):
     ids = encode(output)
     expected = oracle_message(ids)
-    got = DIALECT.parse(ids, vocab=o200k_harmony())
+    got = assert_stream_matches(DIALECT, ids, cuts, vocab=o200k_harmony())
     assert got["content"] == expected["content"]
     assert got["reasoning_content"] == expected["reasoning_content"]
-    assert [(c["function"]["name"], c["function"]["arguments"]) for c in got["tool_calls"]] == [
-        (name, arguments.strip()) for name, arguments in expected["calls"]]
+    assert [(c["function"]["name"], c["function"]["arguments"])
+            for c in got["tool_calls"]] == expected["calls"]
 
 
 # --------------------------------------------------------------------------- truncation
@@ -351,6 +434,16 @@ def test_response_format_constrains_the_final_message():
 
 
 # --------------------------------------------------------------------------- sampling
+@functools.cache
+def harmony_tiers(vocab: Any) -> list[tuple[float, np.ndarray]]:
+    """`structure_tiers` plus JSON closers (tokens made of `"}],` only) 20% of the time: random
+    Harmony output has a JSON string in every call, which short tokens alone rarely close."""
+    special, short = structure_tiers(vocab)
+    closers = np.array([data is not None and len(data) <= 3 and set(data) <= set(b'"}],')
+                        for data in vocab.token_bytes])
+    return [special, (0.5, closers), short]
+
+
 @pytest.mark.parametrize("parallel", [True, False])
 @pytest.mark.parametrize("choice", range(len(TOOL_CHOICES)))
 def test_sampling_under_the_mask_yields_valid_calls(parallel, choice):
@@ -364,13 +457,13 @@ def test_sampling_under_the_mask_yields_valid_calls(parallel, choice):
                                            "json_schema": {"name": "r", "schema": schema}})
     compiled = compile_grammar(DIALECT.grammar(request), vocab)
     finished = 0
-    for seed in range(4):
-        ids = sample_tokens(compiled, random.Random(seed), 200, structure_tiers(vocab))
+    for seed in range(3):
+        ids = sample_tokens(compiled, random.Random(seed), 200, harmony_tiers(vocab))
         if ids is None:
             continue
         finished += 1
         for trusted in (False, True):
-            got = DIALECT.parse(ids, request, vocab, trusted=trusted)
+            got = assert_stream_matches(DIALECT, ids, [seed * 7, 40], request, vocab, trusted)
             check_calls(got, request)
             if not got["tool_calls"]:
                 jsonschema.validate(json.loads(got["content"]), schema)

@@ -5,38 +5,27 @@ real vocabulary; random sampling under the token mask."""
 from __future__ import annotations
 
 import functools
-import random
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from test_dialect_base import (
+    CHUNKINGS,
     TOOL_CHOICES,
     TOOLS,
     WEATHER,
     assert_request_grammar,
+    assert_sampling_obeys,
     assert_stream_matches,
     call_summary,
-    check_calls,
-    sample_tokens,
-    structure_tiers,
+    message,
     without_ids,
 )
 
-from pegmask.dialects import ChatRequest, get_dialect
-
-CHUNKINGS = settings(max_examples=12, deadline=None,
-                     suppress_health_check=[HealthCheck.function_scoped_fixture])
-
-
-def message(content=None, reasoning=None, calls=()) -> dict[str, Any]:
-    return {"role": "assistant", "content": content, "reasoning_content": reasoning,
-            "tool_calls": [{"id": i, "type": "function",
-                            "function": {"name": name, "arguments": arguments}}
-                           for i, (name, arguments) in enumerate(calls)]}
-
+from pegmask.dialects import ChatRequest, accumulate, get_dialect
 
 TOKYO = ("get_weather", '{"city": "Tokyo"}')
 OSAKA = ("get_weather", '{"city": "Osaka"}')
@@ -112,6 +101,11 @@ XML_EXAMPLES = {
         {}, '<tool_call>\n<function=f>\n<parameter=n>\n42\n</parameter>\n<parameter=on>\nTrue\n'
             '</parameter>\n<parameter=cfg>\n{"a": [1, 2]}\n</parameter>\n</function>\n</tool_call>',
         message(None, None, [("f", '{"n": 42, "on": true, "cfg": {"a": [1, 2]}}')])),
+    "opening <tool_call> omitted on the first call": (
+        {}, EDIT_CALL.removeprefix("<tool_call>\n") + "\n" + EDIT_CALL,
+        message(None, None, [("edit", EDIT_ARGS), ("edit", EDIT_ARGS)])),
+    "a function tag in plain text stays content": (
+        {}, "Use <function=edit> to edit.", message("Use <function=edit> to edit.")),
     "parallel calls with content first": (
         {}, "Two edits.\n" + EDIT_CALL + "\n" + EDIT_CALL,
         message("Two edits.", None, [("edit", EDIT_ARGS), ("edit", EDIT_ARGS)])),
@@ -139,6 +133,17 @@ def test_streaming_matches_whole_parse_for_any_chunking(dialect, name, data):
     options, output, _ = examples[name]
     cuts = data.draw(st.lists(st.integers(0, len(output)), max_size=12))
     assert_stream_matches(get_dialect(dialect, **options), output, cuts)
+
+
+def test_tool_names_are_escaped_in_the_grammar():
+    name = 'odd "name" \\ with\ttab'
+    tool = {"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}
+    request = ChatRequest(tools=[tool], tool_choice="required")
+    output = hermes_call(json.dumps(name)[1:-1], "{}")
+    dialect = get_dialect("hermes", reasoning=False)
+    assert dialect.grammar(request).matches(output)
+    assert call_summary(dialect.parse(output, request, trusted=True)) == [(name, {})]
+    assert not dialect.grammar(request).matches(hermes_call("odd", "{}"))
 
 
 def test_typed_xml_values_follow_the_tool_schema():
@@ -282,22 +287,56 @@ def test_token_ids_parse_like_text_and_text_cannot_fake_a_call():
 @pytest.mark.parametrize("parallel", [True, False])
 @pytest.mark.parametrize("choice", range(len(TOOL_CHOICES)))
 def test_sampling_under_the_mask_yields_valid_calls(dialect_name, parallel, choice):
-    from pegmask.grammars.automaton import compile_grammar
-
     vocab, _ = qwen3()
     request = ChatRequest(tools=TOOLS, tool_choice=TOOL_CHOICES[choice],
                           parallel_tool_calls=parallel,
                           chat_template_kwargs={"enable_thinking": choice % 2 == 0})
     dialect = get_dialect(dialect_name)
-    compiled = compile_grammar(dialect.grammar(request), vocab)
-    tiers = structure_tiers(vocab)
-    finished = 0
-    for seed in range(3):
-        ids = sample_tokens(compiled, random.Random(seed), 160, tiers)
-        if ids is None:
-            continue
-        finished += 1
-        parsed = dialect.parse(ids, request, vocab, seed=seed)
-        check_calls(parsed, request)
-        assert dialect.parse(ids, request, vocab, trusted=True, seed=seed) == parsed
-    assert finished, "no sample ended within the token budget"
+    assert_sampling_obeys(dialect, request, vocab, budget=160)
+
+
+# --------------------------------------------------------------------------- streaming modes
+def test_trusted_streaming_releases_calls_as_they_are_written():
+    request = ChatRequest(tools=TOOLS)
+    head = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "To'
+    rest = 'kyo"}}\n</tool_call>'
+    eager = get_dialect("hermes", reasoning=False).stream_parser(request, trusted=True)
+    deltas = eager.feed(head)
+    assert deltas[0]["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": ""}
+    assert "".join(d["tool_calls"][0]["function"]["arguments"] for d in deltas) == '{"city": "To'
+    held = get_dialect("hermes", reasoning=False).stream_parser(request)
+    assert held.feed(head) == []  # an untrusted call may still turn out malformed
+    assert call_summary(accumulate(held.feed(rest) + held.finish())) == [
+        ("get_weather", {"city": "Tokyo"})]
+    # cut off: the untrusted call is dropped, the streamed one is kept and flagged
+    assert held.finish() == []
+    cut = get_dialect("hermes", reasoning=False).stream_parser(request)
+    assert cut.feed(head) + cut.finish() == [] and cut.finish_reason == "stop"
+    assert eager.finish() == [] and eager.incomplete
+    assert eager.message["tool_calls"][0]["function"]["arguments"] == '{"city": "To'
+
+
+@CHUNKINGS
+@given(data=st.data())
+def test_trusted_streaming_matches_whole_parse_for_any_chunking(data):
+    request = ChatRequest(tools=TOOLS)
+    cuts = data.draw(st.lists(st.integers(0, len(PARALLEL)), max_size=12))
+    assert_stream_matches(get_dialect("hermes"), PARALLEL, cuts, request, trusted=True)
+
+
+# --------------------------------------------------------------------------- prompts
+def test_render_uses_the_chat_template_or_the_native_renderer():
+    from pegmask.dialects.native import render_native
+
+    messages = [{"role": "user", "content": "Weather in Tokyo?"}]
+    tools = [WEATHER]
+    assert get_dialect("hermes").render(messages, tools) == render_native(
+        "hermes", messages, tools, True)
+    assert get_dialect("hermes").render(messages, tools, enable_thinking=False).endswith(
+        "<think>\n\n</think>\n\n")
+    template = Path(__file__).parents[2] / "shared/data/templates/Qwen3.5-4B.jinja"
+    if template.exists():
+        dialect = get_dialect("hermes-xml", chat_template=template.read_text())
+        assert dialect.render(messages, tools).endswith("<|im_start|>assistant\n<think>\n")
+    with pytest.raises(ValueError, match="chat_template"):
+        get_dialect("hermes-xml").render(messages, tools)

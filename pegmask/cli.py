@@ -1,0 +1,284 @@
+"""The `pegmask` command line.
+
+    pegmask generate "prompt" [--json-schema S | --regex R | --grammar G | --choice A B ...]
+    pegmask chat                                    # interactive, streamed
+    pegmask serve --host 127.0.0.1 --port 8000 [--model PATH]
+    pegmask run-batch -i in.jsonl -o out.jsonl      # OpenAI request bodies, one per line
+    pegmask bench NAME [ARGS...]                    # runs pegmask.bench.NAME
+
+`--model` takes a GGUF file or a local Hugging Face folder; without it the embedded
+SmolLM2-135M-Instruct runs. Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import pkgutil
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+# `pegmask bench` names from DESIGN.md -> modules of pegmask.bench
+BENCH_ALIASES = {"grammars": "grammar_bench", "e2e": "decode_throughput"}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args, rest = parser.parse_known_args(argv)
+    if args.command != "bench" and rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    try:
+        return int(args.run(args, rest) or 0)
+    except ValueError as exc:  # bad requests and options: a message, not a traceback
+        print(f"pegmask: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pegmask", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    generate = commands.add_parser("generate", help="generate once from a prompt")
+    _model_options(generate)
+    _sampling_options(generate)
+    generate.add_argument("prompt", help="the prompt ('-' reads stdin)")
+    generate.add_argument("--chat", action="store_true",
+                          help="send the prompt as a user message (chat template, dialect)")
+    generate.add_argument("--system", help="a system message (implies --chat)")
+    group = generate.add_mutually_exclusive_group()
+    group.add_argument("--json-schema", metavar="SCHEMA",
+                       help="JSON Schema the output must follow (JSON text or a file)")
+    group.add_argument("--json", action="store_true", help="any JSON object")
+    group.add_argument("--regex", help="regular expression the output must match")
+    group.add_argument("--grammar", metavar="PEG", help="PEG grammar (text or a file)")
+    group.add_argument("--choice", nargs="+", help="the output is one of these strings")
+    generate.set_defaults(run=_generate)
+
+    chat = commands.add_parser("chat", help="interactive chat in the terminal")
+    _model_options(chat)
+    _sampling_options(chat)
+    chat.add_argument("--system", help="a system message")
+    chat.set_defaults(run=_chat)
+
+    serve = commands.add_parser("serve", help="OpenAI-compatible HTTP server")
+    _model_options(serve)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.set_defaults(run=_serve)
+
+    batch = commands.add_parser("run-batch", help="answer a JSONL file of OpenAI requests")
+    _model_options(batch)
+    batch.add_argument("-i", "--input", required=True, type=Path)
+    batch.add_argument("-o", "--output", required=True, type=Path)
+    batch.add_argument("--batch-size", type=int, default=8,
+                       help="requests decoded together (default 8)")
+    batch.set_defaults(run=_run_batch)
+
+    bench = commands.add_parser("bench", help="benchmarks (pegmask.bench modules)",
+                                add_help=False)
+    bench.add_argument("name", nargs="?", help="grammars, e2e, or a pegmask.bench module")
+    bench.set_defaults(run=_bench)
+    return parser
+
+
+def _model_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", help="GGUF file or local HF folder (default: SmolLM2-135M)")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
+    parser.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default auto)")
+    parser.add_argument("--dialect", default="auto",
+                        help="hermes, hermes-xml, harmony, llmjp-harmony, dsml (default: detect)")
+    parser.add_argument("--threads", type=int, help="torch CPU threads")
+
+
+def _sampling_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--top-p", type=float)
+    parser.add_argument("--top-k", type=int)
+    parser.add_argument("--seed", type=int)
+    parser.add_argument("--stop", action="append", help="stop string (repeatable)")
+
+
+def _engine(args: argparse.Namespace) -> Any:
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    from pegmask.engine import Engine
+
+    return Engine(args.model, device=args.device, dtype=args.dtype, dialect=args.dialect)
+
+
+def _sampling(args: argparse.Namespace) -> dict[str, Any]:
+    return {"max_tokens": args.max_tokens, "temperature": args.temperature, "top_p": args.top_p,
+            "top_k": args.top_k, "seed": args.seed, "stop": args.stop}
+
+
+def _text_or_file(value: str) -> str:
+    """An option given inline or as a path to a file holding it."""
+    path = Path(value)
+    try:
+        return path.read_text(encoding="utf-8") if path.is_file() else value
+    except OSError:  # e.g. a name too long to be a path: it is the text
+        return value
+
+
+def _response_format(args: argparse.Namespace) -> dict[str, Any] | None:
+    if args.json_schema:
+        schema = json.loads(_text_or_file(args.json_schema))
+        return {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
+    if args.json:
+        return {"type": "json_object"}
+    if args.regex:
+        return {"type": "regex", "regex": args.regex}
+    if args.grammar:
+        return {"type": "grammar", "grammar": _text_or_file(args.grammar)}
+    if args.choice:
+        return {"type": "choice", "choice": args.choice}
+    return None
+
+
+def _generate(args: argparse.Namespace, _: list[str]) -> int:
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    source: Any = prompt
+    if args.chat or args.system:
+        source = ([{"role": "system", "content": args.system}] if args.system else [])
+        source.append({"role": "user", "content": prompt})
+    engine = _engine(args)
+    stream = engine.generate(source, stream=True, response_format=_response_format(args),
+                             **_sampling(args))
+    for delta in stream:
+        _print_delta(delta)
+    print()
+    print(f"[finish_reason={stream.finish_reason} usage={json.dumps(stream.result.usage)}]",
+          file=sys.stderr)
+    return 0
+
+
+def _print_delta(delta: dict[str, Any]) -> None:
+    for field in ("text", "reasoning_content", "content"):
+        if delta.get(field):
+            print(delta[field], end="", flush=True)
+    for call in delta.get("tool_calls", []):
+        function = call.get("function", {})
+        if function.get("name"):
+            print(f"\n[tool call {function['name']}] ", end="", flush=True)
+        print(function.get("arguments", ""), end="", flush=True)
+
+
+def _chat(args: argparse.Namespace, _: list[str]) -> int:
+    from pegmask.dialects import accumulate
+
+    engine = _engine(args)
+    messages = [{"role": "system", "content": args.system}] if args.system else []
+    print(f"pegmask chat with {engine.model_name} ({engine.dialect_name}); Ctrl-D to quit",
+          file=sys.stderr)
+    while True:
+        try:
+            line = input("> ")
+        except (EOFError, KeyboardInterrupt):
+            print()
+            return 0
+        if not line.strip():
+            continue
+        messages.append({"role": "user", "content": line})
+        deltas = []
+        for delta in engine.generate(messages, stream=True, **_sampling(args)):
+            _print_delta(delta)
+            deltas.append(delta)
+        print()
+        reply = accumulate(deltas)
+        messages.append({key: value for key, value in reply.items() if value})
+
+
+def _serve(args: argparse.Namespace, _: list[str]) -> int:
+    import uvicorn
+
+    from pegmask.engine.server import create_app
+
+    uvicorn.run(create_app(_engine(args)), host=args.host, port=args.port)
+    return 0
+
+
+def _run_batch(args: argparse.Namespace, _: list[str]) -> int:
+    """Each input line is a request body (chat if it has `messages`, else a completion), or an
+    OpenAI Batch API line `{"custom_id", "url", "body"}`; each output line answers one input
+    line, in order, in the same form."""
+    from pegmask.engine.requests import InvalidRequestError, openai_request
+    from pegmask.engine.server import completion_response, error_body
+
+    engine = _engine(args)
+    lines = [json.loads(line) for line in args.input.read_text(encoding="utf-8").splitlines()
+             if line.strip()]
+    failed = 0
+    with args.output.open("w", encoding="utf-8") as out:
+        for start in range(0, len(lines), max(1, args.batch_size)):
+            chunk = lines[start : start + max(1, args.batch_size)]
+            answers: list[Any] = [None] * len(chunk)
+            requests, positions = [], []
+            for i, line in enumerate(chunk):
+                body = line.get("body", line) if isinstance(line, dict) else line
+                chat = isinstance(body, dict) and ("messages" in body or
+                                                    line.get("url", "").endswith("/chat/completions"))
+                try:
+                    source, options = openai_request(body, chat=chat)
+                    requests.append({("messages" if chat else "prompt"): source, **options})
+                    positions.append((i, chat))
+                except InvalidRequestError as exc:
+                    answers[i] = error_body(str(exc), exc.param)
+            if requests:
+                try:
+                    results = engine.generate_batch(requests)
+                except InvalidRequestError:
+                    results = [_one(engine, request) for request in requests]
+                for (i, chat), result in zip(positions, results, strict=True):
+                    answers[i] = (result if isinstance(result, dict) else
+                                  completion_response(result, engine.model_name, chat=chat))
+            for line, answer in zip(chunk, answers, strict=True):
+                failed += "error" in answer
+                out.write(json.dumps(_batch_line(line, answer), ensure_ascii=False) + "\n")
+    print(f"{len(lines)} requests, {failed} failed -> {args.output}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _one(engine: Any, request: dict[str, Any]) -> Any:
+    """One request of a batch that failed as a whole: its own result or error."""
+    from pegmask.engine.requests import InvalidRequestError
+    from pegmask.engine.server import error_body
+
+    try:
+        return engine.generate_batch([request])[0]
+    except InvalidRequestError as exc:
+        return error_body(str(exc), exc.param)
+
+
+def _batch_line(line: Any, answer: dict[str, Any]) -> dict[str, Any]:
+    if not (isinstance(line, dict) and "body" in line):
+        return answer
+    failed = "error" in answer
+    return {"id": f"batch_req_{line.get('custom_id', '')}", "custom_id": line.get("custom_id"),
+            "response": {"status_code": 400 if failed else 200, "body": answer},
+            "error": None}
+
+
+def _bench(args: argparse.Namespace, rest: list[str]) -> int:
+    import pegmask.bench
+
+    available = sorted(m.name for m in pkgutil.iter_modules(pegmask.bench.__path__))
+    name = BENCH_ALIASES.get(args.name or "", args.name)
+    if name not in available:
+        print(f"usage: pegmask bench NAME [ARGS]; NAME is one of "
+              f"{sorted(BENCH_ALIASES) + available}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(f"pegmask.bench.{name}")
+    if not hasattr(module, "main"):
+        print(f"pegmask.bench.{name} has no main()", file=sys.stderr)
+        return 2
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
