@@ -12,7 +12,6 @@ import dataclasses
 import os
 import re
 import threading
-from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,11 +30,10 @@ from pegmask.engine.decode import (
 from pegmask.engine.model import ModelBackend, load_backend
 from pegmask.engine.requests import GenerationRequest, InvalidRequestError, build_request
 from pegmask.grammars import Grammar
-from pegmask.grammars.automaton import CompiledGrammar, compile_grammar
+from pegmask.grammars.automaton import CompiledGrammar, GrammarCompiler
 from pegmask.grammars.ir import GrammarIR, Literal, Node, Special, children
 from pegmask.grammars.vocab import Vocabulary
 
-COMPILED_CACHE_SIZE = 64
 _TOOLS_VARIABLE = re.compile(r"\btools\b")
 
 
@@ -110,7 +108,7 @@ class Engine:
         self._native: Dialect | None = None
         if self.dialect.native_renderer and not renders_tools(self.chat_template):
             self._native = get_dialect(name, **options)
-        self._compiled: OrderedDict[Grammar, CompiledGrammar] = OrderedDict()
+        self._compiler = GrammarCompiler(self.vocab)
         self._lock = threading.Lock()  # not an RLock: a stream may resume on another thread
         self.stats = DecodeStats()
 
@@ -199,19 +197,10 @@ class Engine:
         )
 
     def compiled(self, grammar: Grammar) -> CompiledGrammar:
-        """`grammar` bound to this model's vocabulary (cached; compile errors become
-        `InvalidRequestError`)."""
-        compiled = self._compiled.get(grammar)
-        if compiled is None:
-            bound = bind_specials(grammar, self.vocab)
-            self._checked(lambda: bound.program, "response_format")
-            compiled = compile_grammar(bound, self.vocab)
-            self._compiled[grammar] = compiled
-            if len(self._compiled) > COMPILED_CACHE_SIZE:
-                self._compiled.popitem(last=False)
-        else:
-            self._compiled.move_to_end(grammar)
-        return compiled
+        """`grammar` bound to this model's vocabulary (cached by the compiler; compile errors
+        become `InvalidRequestError`)."""
+        bound = bind_specials(grammar, self.vocab)
+        return self._checked(lambda: self._compiler.compile(bound), "response_format")
 
     @staticmethod
     def _checked(build: Any, param: str) -> Any:

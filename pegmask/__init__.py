@@ -15,6 +15,7 @@ from pegmask.grammars.vocab import Vocabulary
 
 __all__ = [
     "CompiledGrammar",
+    "Engine",
     "Grammar",
     "GrammarCompiler",
     "GrammarError",
@@ -23,3 +24,13 @@ __all__ = [
     "Vocabulary",
     "compile_grammar",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """`Engine` is imported on first use: it pulls in torch and transformers, which grammar-only
+    users do not need."""
+    if name == "Engine":
+        from pegmask.engine import Engine
+
+        return Engine
+    raise AttributeError(f"module 'pegmask' has no attribute {name!r}")

@@ -1,5 +1,6 @@
 """The `pegmask` command line.
 
+    pegmask demo                                    # a forced tool call and a JSON answer
     pegmask generate "prompt" [--json-schema S | --regex R | --grammar G | --choice A B ...]
     pegmask chat                                    # interactive, streamed
     pegmask serve --host 127.0.0.1 --port 8000 [--model PATH]
@@ -40,6 +41,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pegmask", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
+
+    demo = commands.add_parser("demo", help="a constrained tool call and a JSON-schema answer")
+    _model_options(demo)
+    demo.set_defaults(run=_demo)
 
     generate = commands.add_parser("generate", help="generate once from a prompt")
     _model_options(generate)
@@ -167,6 +172,37 @@ def _print_delta(delta: dict[str, Any]) -> None:
         if function.get("name"):
             print(f"\n[tool call {function['name']}] ", end="", flush=True)
         print(function.get("arguments", ""), end="", flush=True)
+
+
+DEMO_TOOLS = [{"type": "function", "function": {
+    "name": "get_weather",
+    "description": "Current weather in a city",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+    }, "required": ["city", "unit"]},
+}}]
+DEMO_SCHEMA = {"type": "object", "properties": {
+    "name": {"type": "string"},
+    "population_millions": {"type": "number"},
+    "landmarks": {"type": "array", "items": {"type": "string"}, "maxItems": 3},
+}, "required": ["name", "population_millions", "landmarks"], "additionalProperties": False}
+
+
+def _demo(args: argparse.Namespace, _: list[str]) -> int:
+    """The README's main job: what constrained decoding guarantees, on the default model."""
+    engine = _engine(args)
+    print(f"model {engine.model_name}, dialect {engine.dialect_name}", file=sys.stderr)
+    question = [{"role": "user", "content": "What is the weather like in Paris today?"}]
+    result = engine.generate(question, tools=DEMO_TOOLS, tool_choice="required",
+                             parallel_tool_calls=False, max_tokens=96, temperature=0.7, seed=0)
+    print("tool call:", json.dumps(result.message["tool_calls"], indent=2))
+    city = [{"role": "user", "content": "Describe the city of Paris as JSON."}]
+    answer = engine.generate(city, max_tokens=160, temperature=0.7, seed=0, response_format={
+        "type": "json_schema", "json_schema": {"name": "city", "schema": DEMO_SCHEMA}})
+    print("JSON answer:", answer.message["content"])
+    print(f"finish reasons: {result.finish_reason}, {answer.finish_reason}", file=sys.stderr)
+    return 0
 
 
 def _chat(args: argparse.Namespace, _: list[str]) -> int:

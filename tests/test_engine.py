@@ -1,0 +1,232 @@
+"""Engine tests on the embedded SmolLM2-135M-Instruct (CPU, offline): completions, structured
+outputs, stop conditions, streaming, batching and request validation."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from pegmask import Engine, Grammar  # noqa: E402
+from pegmask.dialects import accumulate  # noqa: E402
+from pegmask.engine.decode import StopStrings  # noqa: E402
+from pegmask.engine.engine import bind_specials, detect_dialect, renders_tools  # noqa: E402
+from pegmask.engine.requests import InvalidRequestError, build_request  # noqa: E402
+
+SCHEMAS = Path("/work/shared/data/jsonschema")
+TEMPLATES = Path("/work/shared/data/templates")
+# Small real-world schemas (function-calling arguments) that a 135M model fills in time.
+SCHEMA_SAMPLE = [
+    "Glaiveai2K---calculate_area_9fe2856b.json",
+    "Glaiveai2K---generate_random_password_def83a6c.json",
+    "Glaiveai2K---search_product_c8556430.json",
+    "BFCL_simple_100.json",
+    "BFCL_simple_11.json",
+]
+
+
+@pytest.fixture(scope="module")
+def engine() -> Engine:
+    return Engine()
+
+
+def test_default_engine_is_smollm2_hermes(engine: Engine) -> None:
+    assert "SmolLM2" in engine.model_name
+    assert engine.dialect_name == "hermes"
+    assert engine.vocab.size == engine.backend.logits_width
+    # Same weights for a second engine in the process: loading is cached.
+    assert Engine().backend is engine.backend
+
+
+def test_completion_greedy(engine: Engine) -> None:
+    result = engine.generate("The capital of France is", max_tokens=8, temperature=0)
+    assert "Paris" in result.text
+    assert result.message["content"] == result.text
+    assert result.finish_reason in ("stop", "length")
+    assert result.usage["completion_tokens"] == len(result.token_ids) <= 8
+    assert result.usage["total_tokens"] == result.usage["prompt_tokens"] + len(result.token_ids)
+
+
+def test_chat_stops_at_end_of_turn(engine: Engine) -> None:
+    result = engine.generate([{"role": "user", "content": "What is the capital of France?"}],
+                             max_tokens=40, temperature=0)
+    assert result.finish_reason == "stop"
+    assert "Paris" in result.message["content"]
+    assert result.message["tool_calls"] == []
+    assert "<|im_end|>" not in result.text
+
+
+def test_streaming_equals_non_streaming(engine: Engine) -> None:
+    options = {"max_tokens": 24, "temperature": 1.0, "seed": 7}
+    whole = engine.generate("Once upon a time", **options)
+    stream = engine.generate("Once upon a time", stream=True, **options)
+    pieces = [delta["text"] for delta in stream]
+    assert "".join(pieces) == whole.text
+    assert stream.result == whole
+
+    chat = [{"role": "user", "content": "Name three colors."}]
+    whole = engine.generate(chat, **options)
+    deltas = list(engine.generate(chat, stream=True, **options))
+    assert deltas[0] == {"role": "assistant"}
+    assert accumulate(deltas[1:]) == whole.message
+
+
+@pytest.mark.parametrize("name", SCHEMA_SAMPLE)
+def test_json_schema_outputs_validate(engine: Engine, name: str) -> None:
+    schema = json.loads((SCHEMAS / name).read_text())["schema"]
+    messages = [{"role": "user", "content": "Reply with a JSON object for this schema:\n"
+                 + json.dumps(schema)}]
+    result = engine.generate(messages, max_tokens=120, temperature=0.8, seed=1, response_format={
+        "type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}})
+    assert result.finish_reason == "stop", result.text
+    jsonschema.validate(json.loads(result.message["content"]), schema)
+
+
+def test_json_schema_for_completion_keeps_property_order(engine: Engine) -> None:
+    schema = {"type": "object", "properties": {"zeta": {"type": "integer"},
+                                               "alpha": {"type": "boolean"}},
+              "required": ["zeta", "alpha"], "additionalProperties": False}
+    result = engine.generate("A JSON object:", max_tokens=40, temperature=0.5, seed=3,
+                             response_format={"type": "json_schema",
+                                              "json_schema": {"schema": schema}})
+    value = json.loads(result.text)
+    jsonschema.validate(value, schema)
+    assert list(value) == ["zeta", "alpha"]
+
+
+def test_regex_choice_and_peg_formats(engine: Engine) -> None:
+    results = engine.generate_batch([
+        {"prompt": "My phone number is", "max_tokens": 20, "seed": 0,
+         "response_format": {"type": "regex", "regex": r"[0-9]{3}-[0-9]{4}"}},
+        {"messages": [{"role": "user", "content": "Is the sky blue?"}], "max_tokens": 8,
+         "response_format": {"type": "choice", "choice": ["yes", "no", "maybe"]}},
+        {"prompt": "Answer:", "max_tokens": 12, "seed": 1,
+         "grammar": 'root = ("yes" | "no") ", " [a-z]{2,5} "."'},
+    ])
+    assert re.fullmatch(r"[0-9]{3}-[0-9]{4}", results[0].text)
+    assert results[1].message["content"] in ("yes", "no", "maybe")
+    assert re.fullmatch(r"(yes|no), [a-z]{2,5}\.", results[2].text)
+    assert [r.finish_reason for r in results] == ["stop"] * 3
+
+
+def test_grammar_object_and_jump_forward(engine: Engine) -> None:
+    grammar = Grammar.from_peg('root = "The answer is: " [0-9]+ "!"')
+    result = engine.generate("Q: 2+2?", grammar=grammar, max_tokens=16, temperature=0)
+    assert re.fullmatch(r"The answer is: [0-9]+!", result.text)
+    # The forced prefix was appended without sampling: fewer steps than tokens.
+    stream = engine.generate("Q: 2+2?", grammar=grammar, max_tokens=16, temperature=0,
+                             stream=True)
+    steps_before = engine.stats.steps
+    assert "".join(d["text"] for d in stream) == result.text
+    assert engine.stats.steps - steps_before < len(result.token_ids)
+
+
+def test_unsatisfiable_within_max_tokens_ends_with_length(engine: Engine) -> None:
+    result = engine.generate("Count:", grammar='root = ("a" | "b"){200}', max_tokens=5,
+                             temperature=1.0, seed=0)
+    assert result.finish_reason == "length"
+    assert re.fullmatch("[ab]+", result.text)
+    assert len(result.token_ids) == 5
+
+
+def test_stop_strings(engine: Engine) -> None:
+    result = engine.generate("1, 2, 3, 4, 5,", max_tokens=30, temperature=0, stop=[" 8", "x"])
+    assert result.finish_reason == "stop"
+    assert " 8" not in result.text and result.text.endswith("7,")
+    stream = engine.generate("1, 2, 3, 4, 5,", max_tokens=30, temperature=0, stop=[" 8", "x"],
+                             stream=True)
+    assert "".join(d["text"] for d in stream) == result.text
+
+
+def test_stop_strings_hold_back_partial_matches(engine: Engine) -> None:
+    vocab, encode = engine.vocab, engine.backend.encode
+    stops = StopStrings(["END."], vocab)
+    first = encode("Hello E")
+    released, tail, matched = stops.push(first)
+    assert (released, tail, matched) == (first[:-1], b"", False)  # "E" may start "END."
+    more, tail, matched = stops.push(encode("ND. more"))
+    assert matched
+    assert b"".join(vocab.token_bytes[t] for t in released + more) + tail == b"Hello "
+
+
+def test_batch_mixes_requests(engine: Engine) -> None:
+    chat = [{"role": "user", "content": "Say hi."}]
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    batch = engine.generate_batch([
+        {"prompt": "The capital of France is", "max_tokens": 6, "temperature": 0},
+        {"messages": chat, "max_tokens": 10, "temperature": 0},
+        {"prompt": "JSON:", "max_tokens": 30, "seed": 2, "response_format": {
+            "type": "json_schema", "json_schema": {"schema": schema}}},
+    ])
+    single = engine.generate("The capital of France is", max_tokens=6, temperature=0)
+    assert batch[0].text == single.text
+    assert batch[1].message["content"]
+    jsonschema.validate(json.loads(batch[2].text), schema)
+
+
+@pytest.mark.parametrize(("options", "param"), [
+    ({"messages": []}, "messages"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}],
+      "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice"),
+    ({"response_format": {"type": "json_schema",
+                          "json_schema": {"schema": {"type": "object", "minProperties": "x"}}}},
+     "response_format"),
+    ({"grammar": 'root = "a"', "response_format": {"type": "json_object"}}, "grammar"),
+    ({"temperature": -1}, "temperature"),
+    ({"top_p": 0}, "top_p"),
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"stop": [""]}, "stop"),
+    ({"response_format": {"type": "regex", "regex": "(unclosed"}}, "response_format"),
+    ({"response_format": {"type": "xml"}}, "response_format"),
+    ({"grammar": "root = undefined_rule"}, "grammar"),
+])
+def test_bad_requests_fail_before_decoding(engine: Engine, options: dict, param: str) -> None:
+    messages = options.pop("messages", [{"role": "user", "content": "hi"}])
+    steps = engine.stats.steps
+    with pytest.raises(InvalidRequestError) as info:
+        engine.generate(messages, **options)
+    assert info.value.param == param
+    assert engine.stats.steps == steps
+
+
+def test_completion_rejects_tools() -> None:
+    with pytest.raises(InvalidRequestError):
+        build_request("hi", tools=[{"type": "function", "function": {"name": "f"}}])
+    with pytest.raises(InvalidRequestError):
+        build_request("")
+
+
+def test_missing_specials_become_text(engine: Engine) -> None:
+    grammar = Grammar.from_peg('root = token("<tool_call>") "x" token("<|im_end|>")')
+    bound = bind_specials(grammar, engine.vocab)
+    assert bound.ir.specials == ("<|im_end|>",)
+    assert bound.matches("<tool_call>x<|im_end|>")
+    assert bind_specials(Grammar.from_peg('root = "a"'), engine.vocab).ir.specials == ()
+
+
+@pytest.mark.parametrize(("template", "dialect"), [
+    ("Qwen-Qwen3-0.6B.jinja", "hermes"),
+    ("Qwen-Qwen2.5-7B-Instruct.jinja", "hermes"),
+    ("NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja", "hermes"),
+    ("Qwen3-Coder.jinja", "hermes-xml"),
+    ("openai-gpt-oss-120b.jinja", "harmony"),
+    ("llm-jp-llm-jp-4.1-8b-thinking.jinja", "llmjp-harmony"),
+    ("DeepSeek-V3.2.jinja", "dsml"),
+])
+def test_detect_dialect(template: str, dialect: str) -> None:
+    text = (TEMPLATES / template).read_text()
+    assert detect_dialect(text) == dialect
+    assert renders_tools(text)
+
+
+def test_detect_dialect_rejects_unknown_templates() -> None:
+    with pytest.raises(ValueError):
+        detect_dialect("{{ messages }}")
+    with pytest.raises(ValueError):
+        detect_dialect(None)
