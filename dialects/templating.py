@@ -24,6 +24,7 @@ import jinja2.ext
 import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import Namespace
+
 from pegmask.dialects.history import History, normalize_history, normalize_tools
 
 __all__ = [

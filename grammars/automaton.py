@@ -37,7 +37,7 @@ def _accepted_bytes(program: Program) -> list[tuple[int, ...]]:
     """Per instruction, the bytes it consumes (empty for every other instruction)."""
     by_table: dict[bytes, tuple[int, ...]] = {}
     result: list[tuple[int, ...]] = []
-    for kind, table in zip(program.kind, program.accept):
+    for kind, table in zip(program.kind, program.accept, strict=False):
         if kind != BYTE:
             result.append(())
             continue
@@ -296,7 +296,7 @@ class CompiledGrammar:
         child_start, child_end, byte = trie.lists
         rows, row_of = self._rows, self._row
         live: list[int] = []
-        stack = list(zip(nodes, states))
+        stack = list(zip(nodes, states, strict=False))
         while stack:
             node, state = stack.pop()
             row = rows[state] or row_of(state)

@@ -525,7 +525,7 @@ class _Compiler:
                 branches.append(pc)
             branches_of.append(branches)
         exit_pc = self.emit(JUMP)
-        for pc, branches in zip(state_pc, branches_of):
+        for pc, branches in zip(state_pc, branches_of, strict=False):
             self.targets[pc] = (*branches, exit_pc)
         return [exit_pc]
 

@@ -84,7 +84,7 @@ def token_trie(vocab: Vocabulary) -> TokenTrie:
     trie = _CACHE.get(vocab)
     if trie is None:
         plain = [data is not None and is_plain_text(data) for data in vocab.token_bytes]
-        rest = build_token_trie([None if p else d for d, p in zip(vocab.token_bytes, plain)])
+        rest = build_token_trie([None if p else d for d, p in zip(vocab.token_bytes, plain, strict=False)])
         trie = build_token_trie(
             vocab.token_bytes, plain_tokens=np.flatnonzero(plain).astype(np.int64), rest=rest
         )

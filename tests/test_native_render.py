@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import base64
 import json
 from pathlib import Path
 
+import harmony_oracle
 import pytest
+
 from pegmask.dialects.history import HistoryError, normalize_history, normalize_tools
 from pegmask.dialects.native import (
     llmjp_prompt_form,
@@ -213,25 +214,11 @@ def test_continue_final_message_matches_the_templates():
 
 
 @pytest.fixture(scope="module")
-def harmony_encoding(tmp_path_factory):
-    """openai-harmony, offline: the o200k_base vocabulary written from quicktok's copy."""
-    quicktok = pytest.importorskip("quicktok")
-    harmony = pytest.importorskip("openai_harmony")
-    encoding = quicktok.get_encoding("o200k_base")
-    folder = tmp_path_factory.mktemp("tiktoken")
-    lines = []
-    for rank in range(encoding.n_vocab):
-        if encoding.is_special_token(rank):
-            continue
-        try:
-            token = encoding.decode_single_token_bytes(rank)
-        except KeyError:  # the rank space has gaps
-            continue
-        lines.append(f"{base64.b64encode(token).decode()} {rank}\n")
-    (folder / "o200k_base.tiktoken").write_text("".join(lines), encoding="ascii")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("TIKTOKEN_ENCODINGS_BASE", str(folder))
-        return harmony, harmony.load_harmony_encoding(harmony.HarmonyEncodingName.HARMONY_GPT_OSS)
+def harmony_encoding():
+    """openai-harmony, offline (see tests/harmony_oracle.py)."""
+    import openai_harmony
+
+    return openai_harmony, harmony_oracle.harmony_encoding()
 
 
 def _harmony_reference(harmony, encoding, messages, tools, *, auto_drop: bool) -> str:

@@ -90,7 +90,7 @@ def test_start_rule_defaults():
 )
 def test_errors_are_precise(text, message):
     with pytest.raises(GrammarError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        Grammar.from_peg(text).program
+        assert Grammar.from_peg(text).program
 
 
 def test_error_has_line_and_column():
@@ -112,7 +112,7 @@ def test_parse_error_position():
 
 def test_huge_repetition_is_an_error_not_a_hang():
     with pytest.raises(GrammarError, match="too large"):
-        Grammar.from_peg('root = ("ab" | "cd"){100000}').program
+        assert Grammar.from_peg('root = ("ab" | "cd"){100000}').program
 
 
 def test_ambiguity_prefers_first_alternative_for_captures():

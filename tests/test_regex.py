@@ -14,6 +14,7 @@ import re
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from pegmask.grammars import Grammar, GrammarError
 from pegmask.grammars.ir import GrammarIR, Literal, Repeat
 from pegmask.grammars.regex import (

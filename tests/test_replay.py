@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+
 from pegmask.dialects.history import ToolCall
 from pegmask.dialects.replay import ReplayMemory
 

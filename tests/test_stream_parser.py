@@ -45,7 +45,7 @@ def run(grammar, symbols, cuts):
     parser = grammar.stream_parser()
     events = []
     bounds = [0, *sorted(cuts), len(symbols)]
-    for lo, hi in zip(bounds, bounds[1:]):
+    for lo, hi in zip(bounds, bounds[1:], strict=False):
         events += parser.feed_symbols(symbols[lo:hi])
     events += parser.finish()
     return merged(events), parser.result()

