@@ -41,18 +41,14 @@ class Grammar:
         if isinstance(schema, str):
             schema = json.loads(schema)
         node = JsonSchema(json.dumps(schema), tuple(sorted(options.items())))
-        grammar = cls(GrammarIR({"root": node}))
-        grammar.program  # noqa: B018 - compile now: a bad schema is an error at build time
-        return grammar
+        return cls(GrammarIR({"root": node})).compile()
 
     @classmethod
     def from_regex(cls, pattern: str) -> Grammar:
         """A grammar for strings fully matching `pattern` (the structured-output regex subset)."""
         from pegmask.grammars.regex import regex_to_node
 
-        grammar = cls(GrammarIR({"root": regex_to_node(pattern)}))
-        grammar.program  # noqa: B018 - compile now so a bad pattern fails here
-        return grammar
+        return cls(GrammarIR({"root": regex_to_node(pattern)})).compile()
 
     @classmethod
     def from_node(cls, node: Node, rules: dict[str, Node] | None = None) -> Grammar:
@@ -65,6 +61,11 @@ class Grammar:
         if self._program is None:
             self._program = compile_program(self.ir, max_instructions=self.max_instructions)
         return self._program
+
+    def compile(self) -> Grammar:
+        """Compile now, so that a bad grammar is an error here rather than at first use."""
+        _ = self.program
+        return self
 
     @property
     def key(self) -> tuple:

@@ -22,10 +22,23 @@ from pegmask.grammars.program import (
 )
 
 DEFAULT_MAX_DEPTH = 256
+DEFAULT_MEMO_LIMIT = 100_000
 
 # A log node: (kind, tag, position, parent, depth); kind is OPEN or CLOSE.
 Log = tuple | None
 Thread = tuple[int, int, Log]
+
+
+def _extend(extended: dict[tuple, Log], events: tuple, position: int) -> Log:
+    """The seed's log with capture `events` ((kind, tag) pairs) appended at `position`, reusing
+    the nodes already made for any prefix of `events` (`extended` maps prefixes to logs)."""
+    if events in extended:
+        return extended[events]
+    parent = _extend(extended, events[:-1], position)
+    kind, tag = events[-1]
+    log = (kind, tag, position, parent, parent[4] + 1 if parent is not None else 1)
+    extended[events] = log
+    return log
 
 
 class StackTable:
@@ -60,9 +73,12 @@ class StackTable:
 class Runtime:
     """Binds a program to a stack table and implements epsilon closure and symbol steps."""
 
-    def __init__(self, program: Program, max_depth: int = DEFAULT_MAX_DEPTH):
+    def __init__(self, program: Program, max_depth: int = DEFAULT_MAX_DEPTH,
+                 memo_limit: int = DEFAULT_MEMO_LIMIT):
         self.program = program
         self.stacks = StackTable(max_depth)
+        self.memo_limit = memo_limit
+        self._memo: dict[tuple[int, int], tuple[tuple, tuple]] = {}
 
     def initial(self, log: Log = None, track: bool = False) -> tuple[list[Thread], list[Log]]:
         return self.closure([(self.program.start, 0, log)], 0, track)
@@ -74,18 +90,48 @@ class Runtime:
 
         Returns the threads parked on consuming instructions and the logs of derivations that
         reached MATCH, both in priority order. `track` records capture events in the logs.
+
+        The closure of several seeds is the concatenation of each seed's closure with repeats
+        of a (pc, stack) dropped, the first (highest-priority) one kept: a lower-priority path
+        that meets a node already reached can only lead to threads already found. So each
+        seed's closure is memoized, with its capture events kept relative to the seed.
         """
+        out: list[Thread] = []
+        matched: list[Log] = []
+        found: set[tuple[int, int]] = set()
+        memo = self._memo
+        for pc, stack, log in seeds:
+            entry = memo.get((pc, stack))
+            if entry is None:
+                entry = self._closure_of(pc, stack)
+            consumers, matches = entry
+            # Threads whose paths share events share their log nodes: the parser finds the
+            # events all derivations agree on by node identity.
+            extended: dict[tuple, Log] = {(): log}
+            for target in consumers:
+                key = target[0]
+                if key in found:
+                    continue
+                found.add(key)
+                out.append((*key, _extend(extended, target[1], position) if track else log))
+            if matches and not matched:
+                matched.append(_extend(extended, matches[0], position) if track else log)
+        return out, matched
+
+    def _closure_of(self, pc: int, stack: int) -> tuple[tuple, tuple]:
+        """One seed's closure: ((((pc, stack), events), ...), (events of a MATCH, ...))."""
         prog = self.program
         kind, arg, aux, targets = prog.kind, prog.arg, prog.aux, prog.targets
         stacks = self.stacks
         s_ret, s_parent, s_depth = stacks.ret, stacks.parent, stacks.depth
         max_depth = stacks.max_depth
+        seed = (pc, stack)
         seen: set[tuple[int, int]] = set()
-        out: list[Thread] = []
-        matched: list[Log] = []
-        todo = list(reversed(seeds))
+        consumers: list[tuple[tuple[int, int], tuple]] = []
+        matches: list[tuple] = []
+        todo: list[tuple[int, int, tuple]] = [(pc, stack, ())]
         while todo:
-            pc, stack, log = todo.pop()
+            pc, stack, events = todo.pop()
             while True:
                 key = (pc, stack)
                 if key in seen:
@@ -93,14 +139,14 @@ class Runtime:
                 seen.add(key)
                 k = kind[pc]
                 if k == BYTE or k == SPECIAL:
-                    out.append((pc, stack, log))
+                    consumers.append((key, events))
                     break
                 if k == JUMP:
                     pc = arg[pc]
                 elif k == SPLIT:
                     alts = targets[pc]
                     for alt in reversed(alts[1:]):
-                        todo.append((alt, stack, log))
+                        todo.append((alt, stack, events))
                     pc = alts[0]
                 elif k == CALL:
                     if s_depth[stack] >= max_depth:
@@ -111,16 +157,18 @@ class Runtime:
                     pc = s_ret[stack]
                     stack = s_parent[stack]
                 elif k == OPEN or k == CLOSE:
-                    if track:
-                        depth = log[4] + 1 if log is not None else 1
-                        log = (k, aux[pc], position, log, depth)
+                    events = (*events, (k, aux[pc]))
                     pc = arg[pc]
                 elif k == MATCH:
-                    matched.append(log)
+                    matches.append(events)
                     break
                 else:  # pragma: no cover - the compiler emits no other kinds
                     raise AssertionError(f"bad instruction kind {k}")
-        return out, matched
+        entry = (tuple(consumers), tuple(matches))
+        if len(self._memo) >= self.memo_limit:
+            self._memo.clear()
+        self._memo[seed] = entry
+        return entry
 
     def step(
         self, threads: list[Thread], symbol: int, position: int, track: bool
