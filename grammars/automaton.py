@@ -325,23 +325,30 @@ class GrammarMatcher:
     def reset(self) -> None:
         self._history: list[int] = [self.compiled.initial_state]
         self._terminated = False
+        self._bitmask: Any = None
+        self._bitmask_view: np.ndarray | None = None
 
     @property
     def state(self) -> int:
         return self._history[-1]
 
     def fill_next_token_bitmask(self, bitmask: Any, index: int = 0) -> bool:
-        """Write the allowed-token mask into row `index` of `bitmask` (torch or numpy int32).
+        """Write the allowed-token mask into row `index` of `bitmask` (torch CPU or numpy int32).
 
         Returns False when every ordinary token is allowed (an unconstrained, lazy region: the
         caller may skip applying the mask); the row is filled exactly either way.
         """
         packed, free = self.compiled.mask(self.state if not self._terminated else DEAD)
-        row = bitmask[index]
-        target = row.numpy() if hasattr(row, "numpy") else row
-        width = min(len(target), len(packed))
-        target[:width] = packed[:width]
-        if len(target) > width:
+        if bitmask is not self._bitmask:  # the numpy view of a torch tensor costs microseconds
+            self._bitmask = bitmask
+            self._bitmask_view = bitmask.numpy() if hasattr(bitmask, "numpy") else bitmask
+        target = self._bitmask_view[index]
+        width = len(packed)
+        if len(target) == width:
+            target[:] = packed
+        else:
+            width = min(width, len(target))
+            target[:width] = packed[:width]
             target[width:] = 0
         return not free
 
