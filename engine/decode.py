@@ -59,7 +59,6 @@ class TextOutput:
         self.vocab = vocab
         self.field = field
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        self.text = ""
 
     def feed(self, token_ids: Sequence[int], tail: bytes = b"") -> list[Delta]:
         token_bytes = self.vocab.token_bytes
@@ -70,15 +69,7 @@ class TextOutput:
         return self._delta(self._decoder.decode(b"", final=True)), reason
 
     def _delta(self, piece: str) -> list[Delta]:
-        if not piece:
-            return []
-        self.text += piece
-        return [{self.field: piece}]
-
-    @property
-    def message(self) -> dict[str, Any]:
-        return {"role": "assistant", "content": self.text, "reasoning_content": None,
-                "tool_calls": []}
+        return [{self.field: piece}] if piece else []
 
 
 class ChatOutput:
@@ -192,16 +183,52 @@ class Row:
     finish_reason: str | None = None
     stops: StopStrings | None = None
     forced: int = 0
+    released: list[int] = field(default_factory=list)  # what reached the output
+    tail: bytes = b""  # the part of a token cut by a stop string that reached it
 
     @property
     def room(self) -> int:
         return self.spec.max_new_tokens - len(self.generated)
 
+    def text(self, spell_specials: bool) -> str:
+        """The output text (special tokens spelled or skipped), without a special token that
+        ended it."""
+        ids = self.released
+        if ids and self.finish_reason != "length" and self.vocab.token_bytes[ids[-1]] is None:
+            ids = ids[:-1]
+        names = self.vocab.special_names if spell_specials else {}
+        data = b"".join(self.vocab.token_bytes[t] or names.get(t, "").encode() for t in ids)
+        return (data + self.tail).decode("utf-8", errors="replace")
+
+    def sample(self, logits: torch.Tensor, bitmask: torch.Tensor, slot: int,
+               masked: bool) -> int | None:
+        """Draw this row's next token and advance the matcher; None if no token is allowed.
+
+        A row whose mask was skipped (every ordinary token allowed, `masked` False) may still
+        draw a special token the grammar forbids: then its mask is applied and it draws again.
+        """
+        matcher = self.spec.matcher
+        if masked and not bool(bitmask[slot].any()):
+            return None
+        token = self._draw(logits, slot)
+        if matcher is None or matcher.accept_token(token):
+            return token
+        if not masked:
+            apply_token_bitmask_inplace(logits, bitmask.to(logits.device), indices=[slot])
+            token = self._draw(logits, slot)
+            if matcher.accept_token(token):
+                return token
+        return None  # a masked draw the matcher refuses: cannot happen, but never raise
+
+    def _draw(self, logits: torch.Tensor, slot: int) -> int:
+        params = self.spec.sampling
+        return int(sample_masked(logits[slot], params.temperature, params.top_p, params.top_k,
+                                 self.generator))
+
     def advance(self, token_id: int) -> list[Delta]:
-        """Take a sampled token (plus any forced continuation); return the deltas it releases."""
+        """Take a sampled (and accepted) token plus any forced continuation; return the deltas
+        they release."""
         spec, matcher = self.spec, self.spec.matcher
-        if matcher is not None and not matcher.accept_token(token_id):
-            return self.finish("length")  # cannot happen under the mask; never raise mid-stream
         self.generated.append(token_id)
         if token_id in spec.stop_ids:
             return self.finish("stop")
@@ -236,11 +263,16 @@ class Row:
         self.forced += len(tokens)
         return tokens
 
+    def _feed(self, tokens: list[int], tail: bytes = b"") -> list[Delta]:
+        self.released += tokens
+        self.tail += tail
+        return self.spec.output.feed(tokens, tail)
+
     def _release(self, tokens: list[int]) -> list[Delta]:
         if self.stops is None:
-            return self.spec.output.feed(tokens)
+            return self._feed(tokens)
         released, tail, matched = self.stops.push(tokens)
-        deltas = self.spec.output.feed(released, tail)
+        deltas = self._feed(released, tail)
         if matched:
             self.stops.flush()  # what follows the stop string is not output
             deltas += self.finish("stop")
@@ -251,7 +283,7 @@ class Row:
             return []
         deltas: list[Delta] = []
         if self.stops is not None:
-            deltas += self.spec.output.feed(self.stops.flush())
+            deltas += self._feed(self.stops.flush())
         final, self.finish_reason = self.spec.output.finish(reason)
         self.pending = []
         return deltas + final
@@ -279,11 +311,10 @@ def decode_rows(
     iterator is exhausted every row has its finish_reason."""
     stats = stats if stats is not None else DecodeStats()
     active = list(range(len(rows)))
-    state = backend.new_state(len(rows))
     bitmask = allocate_token_bitmask(len(rows), backend.logits_width)
-    while active:
-        start = time.perf_counter()
-        logits = backend.forward(state, [rows[i].pending for i in active])
+    start = time.perf_counter()
+    state, logits = backend.prefill([row.pending for row in rows])
+    while True:
         masked = time.perf_counter()
         need = {slot for slot, i in enumerate(active) if _fill(rows[i], bitmask, slot)}
         if need:
@@ -292,13 +323,9 @@ def decode_rows(
         sampled = time.perf_counter()
         for slot, i in enumerate(active):
             row = rows[i]
-            if slot in need and not bool(bitmask[slot].any()):
-                deltas = row.finish("length")  # the grammar allows no token at all
-            else:
-                params = row.spec.sampling
-                token = sample_masked(logits[slot], params.temperature, params.top_p,
-                                      params.top_k, row.generator)
-                deltas = row.advance(int(token))
+            token = row.sample(logits, bitmask, slot, masked=slot in need)
+            # No allowed token: the grammar cannot be finished, the output is cut short.
+            deltas = row.finish("length") if token is None else row.advance(token)
             if deltas:
                 yield i, deltas
         done = time.perf_counter()
@@ -307,9 +334,13 @@ def decode_rows(
         stats.mask_s += sampled - masked
         stats.sample_s += done - sampled
         keep = [slot for slot, i in enumerate(active) if rows[i].finish_reason is None]
-        if keep and len(keep) < len(active):
+        if not keep:
+            break
+        if len(keep) < len(active):
             backend.select(state, keep)
-        active = [active[slot] for slot in keep]
+            active = [active[slot] for slot in keep]
+        start = time.perf_counter()
+        logits = backend.forward(state, [rows[i].pending for i in active])
     stats.tokens += sum(len(row.generated) for row in rows)
     stats.forced_tokens += sum(row.forced for row in rows)
 

@@ -109,7 +109,10 @@ class Engine:
         if self.dialect.native_renderer and not renders_tools(self.chat_template):
             self._native = get_dialect(name, **options)
         self._compiler = GrammarCompiler(self.vocab)
-        self._lock = threading.Lock()  # not an RLock: a stream may resume on another thread
+        # Decoding runs one batch at a time (a Lock, not an RLock: a stream may resume on
+        # another thread); preparing touches the dialect's and the compiler's caches.
+        self._lock = threading.Lock()
+        self._prepare_lock = threading.Lock()
         self.stats = DecodeStats()
 
     @property
@@ -136,22 +139,43 @@ class Engine:
             return GenerationStream(self, row, request.is_chat)
         return self._decode([row])[0]
 
-    def generate_batch(self, requests: Sequence[Mapping[str, Any]]) -> list[GenerationResult]:
+    def generate_batch(
+        self, requests: Sequence[Mapping[str, Any]], *, return_errors: bool = False
+    ) -> list[GenerationResult | InvalidRequestError]:
         """Several requests decoded as one batch. Each item holds `generate`'s keyword options
-        plus the input under `prompt` or `messages`."""
-        specs = []
+        plus the input under `prompt` or `messages`. A bad item raises before any decoding,
+        or, with `return_errors`, takes its error's place in the results."""
+        outcomes: list[Any] = []
         for i, item in enumerate(requests):
-            options = dict(item)
-            if ("prompt" in options) == ("messages" in options):
-                raise InvalidRequestError(f"requests[{i}] needs exactly one of prompt and messages",
-                                          "messages")
-            source = options.pop("prompt") if "prompt" in options else options.pop("messages")
-            specs.append(self.prepare(build_request(source, **options)))
-        return self._decode(start_rows(self.backend, self.vocab, specs))
+            try:
+                outcomes.append(self.prepare(self._batch_request(i, item)))
+            except InvalidRequestError as exc:
+                if not return_errors:
+                    raise
+                outcomes.append(exc)
+        specs = [o for o in outcomes if isinstance(o, RowSpec)]
+        results = iter(self._decode(start_rows(self.backend, self.vocab, specs)))
+        return [next(results) if isinstance(o, RowSpec) else o for o in outcomes]
+
+    @staticmethod
+    def _batch_request(index: int, item: Mapping[str, Any]) -> GenerationRequest:
+        options = dict(item)
+        if ("prompt" in options) == ("messages" in options):
+            raise InvalidRequestError(
+                f"requests[{index}] needs exactly one of prompt and messages", "messages")
+        source = options.pop("prompt") if "prompt" in options else options.pop("messages")
+        try:
+            return build_request(source, **options)
+        except TypeError as exc:  # an unknown option name
+            raise InvalidRequestError(f"requests[{index}]: {exc}") from exc
 
     # ----------------------------------------------------------------- preparation
     def prepare(self, request: GenerationRequest) -> RowSpec:
         """Render, tokenize and compile: everything before the first forward."""
+        with self._prepare_lock:
+            return self._prepare(request)
+
+    def _prepare(self, request: GenerationRequest) -> RowSpec:
         if request.is_chat:
             prompt_ids = self.backend.encode(self.render(request))
         else:
@@ -166,14 +190,18 @@ class Engine:
         max_new = min(request.sampling.max_tokens, room)
         matcher, stop_ids = None, frozenset(self.vocab.eos_ids)
         if request.is_chat and request.grammar is None:
-            grammar = self._checked(lambda: self.dialect.grammar(request.chat), "response_format")
-            compiled = self.compiled(grammar)
+            # The dialect grammar embeds the tool schemas and the answer's schema.
+            param = "response_format" if request.chat.response_schema is not None else "tools"
+            grammar = self._checked(lambda: self.dialect.grammar(request.chat), param)
+            compiled = self.compiled(grammar, param)
             parser = DialectStreamParser(compiled.grammar, request.chat, self.vocab,
                                          trusted=True, seed=request.sampling.seed)
             output: Any = ChatOutput(parser)
         else:
             output = TextOutput(self.vocab, "content" if request.is_chat else "text")
-            compiled = self.compiled(request.grammar) if request.grammar is not None else None
+            compiled = None
+            if request.grammar is not None:
+                compiled = self.compiled(request.grammar, "grammar")
         if compiled is not None:
             matcher = compiled.matcher()
             stop_ids = frozenset(compiled.stop_ids)
@@ -196,11 +224,11 @@ class Engine:
             "messages",
         )
 
-    def compiled(self, grammar: Grammar) -> CompiledGrammar:
+    def compiled(self, grammar: Grammar, param: str = "grammar") -> CompiledGrammar:
         """`grammar` bound to this model's vocabulary (cached by the compiler; compile errors
-        become `InvalidRequestError`)."""
+        become `InvalidRequestError`s about `param`)."""
         bound = bind_specials(grammar, self.vocab)
-        return self._checked(lambda: self._compiler.compile(bound), "response_format")
+        return self._checked(lambda: self._compiler.compile(bound), param)
 
     @staticmethod
     def _checked(build: Any, param: str) -> Any:
@@ -220,12 +248,11 @@ class Engine:
 
     def _result(self, row: Row) -> GenerationResult:
         output = row.spec.output
-        message = output.message
-        if isinstance(output, TextOutput):
-            text = output.text
-        else:
-            eos = set(self.vocab.eos_ids)
-            text = "".join(self.vocab.token_text(t) for t in row.generated if t not in eos)
+        # A chat's text is the raw output (e.g. its <tool_call> blocks); a completion's, plain.
+        chat = isinstance(output, ChatOutput)
+        text = row.text(spell_specials=chat)
+        message = output.message if chat else {
+            "role": "assistant", "content": text, "reasoning_content": None, "tool_calls": []}
         prompt_tokens = len(row.spec.prompt_ids)
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(row.generated),
                  "total_tokens": prompt_tokens + len(row.generated)}

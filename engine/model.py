@@ -137,6 +137,18 @@ class ModelBackend:
         mask = torch.zeros((batch, 0), dtype=torch.long, device=self.device)
         return KVState(DynamicCache(), [0] * batch, mask)
 
+    def prefill(self, prompts: list[list[int]]) -> tuple[KVState, torch.Tensor]:
+        """Start a batch: one forward over the distinct prompts (rows with the same prompt get
+        copies of its KV cache); returns the state and each row's logits."""
+        distinct: dict[tuple[int, ...], int] = {}
+        index = [distinct.setdefault(tuple(prompt), len(distinct)) for prompt in prompts]
+        state = self.new_state(len(distinct))
+        logits = self.forward(state, [list(prompt) for prompt in distinct])
+        if len(distinct) < len(prompts):
+            self.select(state, index)
+            logits = logits[index]
+        return state, logits
+
     @torch.inference_mode()
     def forward(self, state: KVState, chunks: list[list[int]]) -> torch.Tensor:
         """Append `chunks[i]` to row i and return the logits after each row's last token,
@@ -169,7 +181,8 @@ class ModelBackend:
         return out.logits[:, -1].float()
 
     def select(self, state: KVState, keep: list[int]) -> None:
-        """Keep only rows `keep` of the batch (finished rows leave the cache)."""
+        """Keep rows `keep` of the batch, in that order (finished rows leave the cache; a
+        repeated index copies a row)."""
         index = torch.tensor(keep, dtype=torch.long, device=self.device)
         state.cache.batch_select_indices(index)
         state.mask = state.mask[index]

@@ -178,7 +178,7 @@ def grammar_for_format(response_format: Mapping[str, Any]) -> Grammar:
     regex, grammar, choice); cached, so repeated formats share one compiled grammar."""
     kind = _format_type(response_format)
     if kind == "json_object":
-        return _grammar("json_schema", '{"type": "object"}')
+        return _grammar("json_schema", '{"type": "object"}', False)
     if kind == "json_schema":
         spec = response_format.get("json_schema")
         if not isinstance(spec, Mapping) or not isinstance(spec.get("schema", {}), (dict, bool)):
@@ -186,7 +186,8 @@ def grammar_for_format(response_format: Mapping[str, Any]) -> Grammar:
                 "response_format json_schema needs {'json_schema': {'schema': {...}}}",
                 "response_format",
             )
-        return _grammar(kind, json.dumps(spec.get("schema", {})))
+        # OpenAI's strict mode: objects take no properties beyond the declared ones.
+        return _grammar(kind, json.dumps(spec.get("schema", {})), bool(spec.get("strict")))
     value = response_format.get(kind)
     valid = (_string_list(value) and len(value) > 0) if kind == "choice" else isinstance(value, str)
     if not valid:
@@ -197,12 +198,12 @@ def grammar_for_format(response_format: Mapping[str, Any]) -> Grammar:
 
 
 @functools.lru_cache(maxsize=64)
-def _grammar(kind: str, value_json: str) -> Grammar:
+def _grammar(kind: str, value_json: str, strict: bool = False) -> Grammar:
     """Build (and compile, so errors show now) a grammar from a format's JSON payload."""
     value = json.loads(value_json)
     try:
         if kind == "json_schema":
-            return Grammar.from_json_schema(value)
+            return Grammar.from_json_schema(value, strict=strict)
         if kind == "regex":
             return Grammar.from_regex(value)
         if kind == "choice":

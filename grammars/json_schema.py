@@ -1,30 +1,62 @@
-"""The JSON Schema front-end: a schema to grammar IR rules for the JSON values it accepts.
+"""The JSON Schema front-end: a schema to grammar IR rules for the JSON texts it accepts.
 
 `schema_to_rules(schema, prefix=...)` lowers the schema to a normal form (a union of per-type
-atoms, see `json_schema_normal`) and emits IR from it (`json_schema_emit`). Decisions:
+atoms, `json_schema_normal`) and emits IR from it (`json_schema_emit`); JSON tokens are in
+`json_schema_lexical`, regular-language operations in `json_schema_regular`, formats in
+`json_schema_formats`.
 
-* **Exact or an error.** A keyword is either enforced exactly by the grammar or rejected at
-  compile time with `UnsupportedSchemaError` (never silently skipped), except where noted here.
-  `ignore_keywords=("uniqueItems", ...)` lets a caller accept named keywords unenforced.
-* **oneOf is compiled as anyOf** (a grammar cannot say "exactly one"): values matching several
-  branches are accepted. This is the one built-in approximation.
-* **format** is enforced for the formats in `json_schema_formats.FORMATS`; unknown formats are
-  annotations (JSON Schema's default) and accept any string.
-* **Unknown keywords** (vendor extensions, `title`, `description`, `default`, `examples`, ...)
-  are annotations and ignored.
-* **additionalProperties** absent means "allowed" (the JSON Schema rule); `strict=True` treats
-  it as `false` on every object schema (OpenAI / xgrammar strict mode).
-* **$ref** siblings are ignored for drafts 4-7 (the draft rule) and applied (as allOf) for
-  2019-09, 2020-12 and schemas without `$schema`. Local references only (`#`, JSON pointers,
-  `$anchor`, `$id`s inside the document); recursion becomes grammar recursion.
-* **Numbers**: integers are written without fraction or exponent; bounds are exact (digit-range
-  construction); exponent notation is accepted only where the sign alone decides the bounds.
-  `multipleOf` is supported for steps k/10^d with small k.
-* **Whitespace**: "flexible" (default) allows up to `max_whitespace` whitespace characters
-  between tokens (never unbounded); "compact" allows none (`json.dumps(separators=(",", ":"))`).
-* **Property order**: "schema" accepts named properties in schema order only (each optional one
-  may be skipped), additional properties after them; "any" accepts any order for objects with at
-  most `ANY_ORDER_MAX_PROPERTIES` named properties (larger objects keep schema order).
+Exact or an error
+    A keyword is enforced exactly or rejected at compile time with `UnsupportedSchemaError`
+    (keyword and JSON pointer), never silently skipped. Not expressible by any grammar:
+    `uniqueItems` (unless `maxItems` <= 1), `oneOf`'s "exactly one", `$dynamicRef` /
+    `$recursiveRef`. Not supported (yet): `unevaluatedItems`, `unevaluatedProperties` next to
+    combinators or `$ref`, `contains` with `prefixItems` / `maxItems` / `minItems` > 1 /
+    `maxContains` / `minContains` > 1, `not` of forms other than type, enum/const (strings,
+    null, booleans), required, pattern, length / item / numeric bounds, properties, anyOf,
+    allOf, not, $ref; `if` whose condition cannot be negated; `multipleOf` beyond k/10^d with
+    small k; patterns outside the regex subset (`pegmask.grammars.regex`); remote `$ref`.
+    `ignore_keywords=("uniqueItems", ...)` drops the named keywords everywhere, on request:
+    the grammar is then looser than the schema.
+Approximation
+    `oneOf` is compiled as `anyOf` (values matching several branches are accepted).
+Annotations
+    Unknown keywords (`title`, `description`, `default`, `examples`, `readOnly`, vendor
+    `x-...`, ...) are ignored, and so are unknown `format`s (JSON Schema's default); the known
+    formats (`json_schema_formats.FORMATS`: date-time, date, time, duration, email, hostname,
+    ipv4, ipv6, uuid, uri, uri-reference, iri, json-pointer, ...) are enforced.
+Objects
+    `additionalProperties` absent means allowed (the JSON Schema rule); `strict=True` treats
+    it as false on every object schema (OpenAI / xgrammar strict mode). Extra keys can never
+    be named keys (so a named key cannot reappear with another value). `property_order=
+    "schema"` (default) accepts named properties in schema order, each optional one skippable,
+    extra properties after them; "any" accepts any order for objects with at most
+    `ANY_ORDER_MAX_PROPERTIES` named properties, while the schema's budget of 2^n states
+    (`json_schema_emit.ANY_ORDER_BUDGET`) lasts; larger objects, objects past the budget, and
+    counted objects with extra properties keep schema order. `patternProperties`, `propertyNames`, `dependentRequired`,
+    `dependentSchemas` / `dependencies`, `minProperties` / `maxProperties` are exact.
+Strings
+    Lengths count characters (an escape or a surrogate pair is one); lone surrogates are not
+    accepted; the spelling rule is in `json_schema_lexical`. `pattern` is an unanchored
+    ECMAScript search. Patterns, formats and lengths are intersected exactly (DFAs); a length
+    bound that a pattern's structure cannot absorb costs rules of about 2*sqrt(maxLength)
+    nested calls and is refused above `json_schema_regular.MAX_RULE_DEPTH`.
+Numbers
+    Integers are spelled without fraction or exponent; bounds are exact (digit ranges, also for
+    decimals such as 0.25); exponent notation is accepted where the sign alone decides the
+    bounds (e.g. `minimum: 0`), else not. Constants accept their canonical spelling (an
+    integral value also as `N.0`).
+References
+    Local only (`#`, JSON pointers with `~0 ~1 %xx` escapes, `$anchor`, `$id`s in the
+    document); recursion becomes grammar recursion. Siblings of `$ref` are ignored for drafts
+    3-7 (the draft rule) and applied for 2019-09, 2020-12 and schemas without `$schema`.
+Whitespace
+    "flexible" (default): up to `max_whitespace` (default 32) whitespace characters between
+    tokens, never unbounded; "compact": none, as `json.dumps(separators=(",", ":"))`. The value
+    itself has no leading or trailing whitespace.
+Bad schemas
+    `SchemaError` with the pointer: wrong keyword types, unresolvable `$ref`, contradictory
+    bounds, a schema that accepts nothing, reference cycles without content; sizes are capped
+    (atoms, rules, automaton states, pattern size; the compiler caps instructions).
 """
 
 from __future__ import annotations
@@ -36,7 +68,8 @@ from typing import Any
 from urllib.parse import unquote
 
 from pegmask.grammars.errors import GrammarError, SchemaError, UnsupportedSchemaError
-from pegmask.grammars.ir import GrammarIR, Node
+from pegmask.grammars.ir import Node
+from pegmask.grammars.json_schema_emit import Emitter
 from pegmask.grammars.json_schema_formats import FORMATS, format_node
 from pegmask.grammars.json_schema_normal import (
     ANY,
@@ -57,19 +90,15 @@ from pegmask.grammars.json_schema_normal import (
     to_decimal,
 )
 from pegmask.grammars.json_schema_regular import CharDFA, NotCharLevel, RegularTooLarge
-from pegmask.grammars.program import check_rules
 from pegmask.grammars.regex import regex_to_node_search
 
 WHITESPACE_MODES = ("flexible", "compact")
 PROPERTY_ORDERS = ("schema", "any")
-DEFAULT_MAX_WHITESPACE = 16
+DEFAULT_MAX_WHITESPACE = 32
 ANY_ORDER_MAX_PROPERTIES = 8
 
 TYPES = ("null", "boolean", "integer", "number", "string", "array", "object")
 _NON_OBJECT = Schema(tuple(a for a in ANY.atoms if not isinstance(a, ObjectAtom)))
-_NON_STRING = Schema(tuple(a for a in ANY.atoms if not isinstance(a, StringAtom)))
-_NON_NUMBER = Schema(tuple(a for a in ANY.atoms if not isinstance(a, NumberAtom)))
-_NON_ARRAY = Schema(tuple(a for a in ANY.atoms if not isinstance(a, ArrayAtom)))
 
 # Keywords no grammar can express (or not yet); any other keyword this module does not read
 # is an annotation.
@@ -93,8 +122,6 @@ def schema_to_rules(
     JSON pointer of the offending subschema) and `UnsupportedSchemaError` for a keyword the
     grammar cannot enforce; see the module docstring for the options.
     """
-    from pegmask.grammars.json_schema_emit import Emitter
-
     if whitespace not in WHITESPACE_MODES:
         raise GrammarError(f"whitespace must be one of {WHITESPACE_MODES}, not {whitespace!r}")
     if property_order not in PROPERTY_ORDERS:
@@ -108,14 +135,10 @@ def schema_to_rules(
         root_schema = lowering.lower(schema, "")
         emitter = Emitter(lowering, prefix=prefix,
                           max_whitespace=max_whitespace if whitespace == "flexible" else 0,
-                          any_order=property_order == "any")
+                          any_order_limit=ANY_ORDER_MAX_PROPERTIES if property_order == "any" else 1)
         root, rules = emitter.emit_root(root_schema)
     except RecursionError as exc:
         raise SchemaError("schema is nested too deeply") from exc
-    try:
-        check_rules(GrammarIR({**rules, f"{prefix}_root": root}, start=f"{prefix}_root"))
-    except GrammarError as exc:
-        raise SchemaError(f"schema has a reference cycle that consumes no input ({exc})") from exc
     return root, rules
 
 
@@ -132,6 +155,7 @@ class Lowering:
         self._lowered: dict[str, Schema] = {}
         self._lowering: set[str] = set()
         self._regex_dfas: dict[tuple[str, str], CharDFA] = {}
+        self._regex_nodes: dict[str, Node] = {}
         self.algebra = Algebra(self.expand, self.matches)
 
     # ----------------------------------------------------------------- references
@@ -201,12 +225,15 @@ class Lowering:
         return self._regex_dfas[key]
 
     def regex_node(self, kind: str, source: str, pointer: str = "") -> Node:
+        """Character-level IR of a `pattern` (search semantics) or of a known `format`."""
         if kind == "format":
             return format_node(source)
-        try:
-            return regex_to_node_search(source)
-        except GrammarError as exc:
-            raise UnsupportedSchemaError("pattern", pointer, str(exc)) from exc
+        if source not in self._regex_nodes:
+            try:
+                self._regex_nodes[source] = regex_to_node_search(source)
+            except GrammarError as exc:
+                raise UnsupportedSchemaError("pattern", pointer, str(exc)) from exc
+        return self._regex_nodes[source]
 
     def matches(self, kind: str, source: str, text: str) -> bool:
         return self.regex_dfa(kind, source).matches(text)
@@ -233,33 +260,27 @@ class Lowering:
         return result
 
     def _lower(self, schema: dict[str, Any], pointer: str) -> Schema:
+        if self.ignore:
+            schema = {k: v for k, v in schema.items() if k not in self.ignore}
         for keyword in _UNSUPPORTED:
-            if keyword in schema and keyword not in self.ignore:
-                raise UnsupportedSchemaError(keyword, pointer)
-        if "if" in schema and ("then" in schema or "else" in schema) and "if" not in self.ignore:
-            raise UnsupportedSchemaError("if", pointer, "if/then/else is not supported")
-        if "$ref" in schema:
-            ref = schema["$ref"]
-            if not isinstance(ref, str):
-                raise SchemaError("$ref must be a string", pointer)
-            target = RefAtom(("ref", self.resolve(ref, pointer)))
-            if self.legacy_refs:
-                return Schema((target,))
-            result = Schema((target,))
-        else:
-            result = ANY
-        intersect = self.algebra.intersect
-        result = intersect(result, self._typed(schema, pointer))
-        for i, sub in enumerate(_list(schema, "allOf", pointer)):
-            result = intersect(result, self.lower(sub, f"{pointer}/allOf/{i}"))
-        for keyword in ("anyOf", "oneOf"):
             if keyword in schema:
-                branches = [self.lower(sub, f"{pointer}/{keyword}/{i}")
-                            for i, sub in enumerate(_list(schema, keyword, pointer))]
-                result = intersect(result, self.algebra.union(branches))
-        if "not" in schema:
-            result = intersect(result, self.negate(schema["not"], f"{pointer}/not"))
-        result = intersect(result, self._dependencies(schema, pointer))
+                raise UnsupportedSchemaError(keyword, pointer)
+        if "$ref" in schema:
+            if not isinstance(schema["$ref"], str):
+                raise SchemaError("$ref must be a string", pointer)
+            target = Schema((RefAtom(("ref", self.resolve(schema["$ref"], pointer))),))
+            if self.legacy_refs:
+                return target
+        # Parts are intersected in the order the schema writes them: intersection does not
+        # care, but "schema" property order follows it (own properties vs. $ref / allOf ones).
+        result = ANY
+        for part in _parts_in_order(schema):
+            if part == "$ref":
+                result = self.algebra.intersect(result, target)
+            elif part == "typed":
+                result = self.algebra.intersect(result, self._typed(schema, pointer))
+            else:
+                result = self.algebra.intersect(result, self._combinator(schema, part, pointer))
         if "const" in schema or "enum" in schema:
             values = [schema["const"]] if "const" in schema else schema["enum"]
             if not isinstance(values, list):
@@ -275,6 +296,22 @@ class Lowering:
                     "enum", pointer, "next to a $ref back into an enclosing schema") from exc
             result = Schema(tuple(atoms))
         return result
+
+    def _combinator(self, schema: dict[str, Any], keyword: str, pointer: str) -> Schema:
+        """The schema a combinator keyword (or keyword family) stands for."""
+        if keyword == "allOf":
+            result = ANY
+            for i, sub in enumerate(_list(schema, "allOf", pointer)):
+                result = self.algebra.intersect(result, self.lower(sub, f"{pointer}/allOf/{i}"))
+            return result
+        if keyword in ("anyOf", "oneOf"):
+            return self.algebra.union([self.lower(sub, f"{pointer}/{keyword}/{i}")
+                                       for i, sub in enumerate(_list(schema, keyword, pointer))])
+        if keyword == "not":
+            return self.negate(schema["not"], f"{pointer}/not")
+        if keyword == "if":
+            return self._conditional(schema, pointer)
+        return self._dependencies(schema, pointer)
 
     def _typed(self, schema: dict[str, Any], pointer: str) -> Schema:
         """Atoms for `type` and the type-specific keywords."""
@@ -351,13 +388,13 @@ class Lowering:
             pattern = schema["pattern"]
             if not isinstance(pattern, str):
                 raise SchemaError("pattern must be a string", pointer)
-            self.regex_dfa("pattern", pattern, f"{pointer}/pattern")
+            self.regex_node("pattern", pattern, f"{pointer}/pattern")
             patterns = (pattern,)
         formats: tuple[str, ...] = ()
         fmt = schema.get("format")
         if fmt is not None and not isinstance(fmt, str):
             raise SchemaError("format must be a string", pointer)
-        if fmt in FORMATS and "format" not in self.ignore:
+        if fmt in FORMATS:
             formats = (fmt,)
         return StringAtom(lo, hi, patterns, formats, pointer=pointer)
 
@@ -383,16 +420,16 @@ class Lowering:
         contains: tuple[Schema, ...] = ()
         if "contains" in schema:
             low = _count(schema, "minContains", pointer)
-            if "maxContains" in schema and "maxContains" not in self.ignore:
+            if "maxContains" in schema:
                 raise UnsupportedSchemaError("maxContains", pointer)
             if low != 0:
-                if low not in (None, 1) and "minContains" not in self.ignore:
+                if low not in (None, 1):
                     raise UnsupportedSchemaError("minContains", pointer, "only 0 or 1 is supported")
                 contains = (self.lower(schema["contains"], f"{pointer}/contains"),)
         unique = schema.get("uniqueItems", False)
         if not isinstance(unique, bool):
             raise SchemaError("uniqueItems must be a boolean", pointer)
-        if unique and "uniqueItems" not in self.ignore and (hi is None or hi > 1):
+        if unique and (hi is None or hi > 1):
             raise UnsupportedSchemaError("uniqueItems", pointer, "a grammar cannot compare items")
         return ArrayAtom(prefix, rest, lo, hi, contains, pointer)
 
@@ -401,17 +438,16 @@ class Lowering:
                            for name, sub in _dict(schema, "properties", pointer).items())
         patterns = []
         for pattern, sub in _dict(schema, "patternProperties", pointer).items():
-            self.regex_dfa("pattern", pattern, f"{pointer}/patternProperties")
+            self.regex_node("pattern", pattern, f"{pointer}/patternProperties")
             patterns.append((pattern, self.lower(sub, f"{pointer}/patternProperties/{_escape(pattern)}")))
         additional: Schema | None = None
         if "additionalProperties" in schema:
             additional = self.lower(schema["additionalProperties"], f"{pointer}/additionalProperties")
         elif "unevaluatedProperties" in schema:
-            if any(k in schema for k in _COMBINATORS) and "unevaluatedProperties" not in self.ignore:
+            if any(k in schema for k in _COMBINATORS):
                 raise UnsupportedSchemaError(
                     "unevaluatedProperties", pointer, "only without combinators or $ref")
-            if "unevaluatedProperties" not in self.ignore:
-                additional = self.lower(schema["unevaluatedProperties"], f"{pointer}/unevaluatedProperties")
+            additional = self.lower(schema["unevaluatedProperties"], f"{pointer}/unevaluatedProperties")
         elif self.strict and _is_object_schema(schema):
             additional = NEVER
         required = schema.get("required", [])
@@ -451,6 +487,18 @@ class Lowering:
                 result = self.algebra.intersect(result, case)
         return result
 
+    def _conditional(self, schema: dict[str, Any], pointer: str) -> Schema:
+        """if/then/else as (if and then) or (not if and else): exact when `if` can be negated."""
+        condition = self.lower(schema["if"], f"{pointer}/if")
+        try:
+            negated = self.negate(schema["if"], f"{pointer}/if")
+        except UnsupportedSchemaError as exc:
+            raise UnsupportedSchemaError("if", pointer, f"cannot negate the condition: {exc}") from exc
+        then = self.lower(schema.get("then", True), f"{pointer}/then")
+        otherwise = self.lower(schema.get("else", True), f"{pointer}/else")
+        return self.algebra.union([self.algebra.intersect(condition, then),
+                                   self.algebra.intersect(negated, otherwise)])
+
     # ----------------------------------------------------------------- not
     def negate(self, schema: Any, pointer: str) -> Schema:
         """The complement of a subschema, for the forms a grammar can express."""
@@ -464,6 +512,8 @@ class Lowering:
         return self.algebra.union([self._negate_group(schema, g, pointer) for g in groups])
 
     def _negate_group(self, schema: dict[str, Any], group: tuple[str, ...], pointer: str) -> Schema:
+        """The complement of one keyword group. A type-specific keyword accepts every other
+        type, so its complement lies within its own type."""
         keyword = group[0]
         value = schema[keyword]
         algebra = self.algebra
@@ -480,30 +530,26 @@ class Lowering:
         if group == ("required",):
             if not value:
                 return NEVER
-            absent = [Schema((ObjectAtom((KeyRules(((k, NEVER),)),)),)) for k in value]
-            return algebra.union([_NON_OBJECT, *absent])
+            return algebra.union([Schema((ObjectAtom((KeyRules(((k, NEVER),)),)),)) for k in value])
         if group == ("pattern",):
-            self.regex_dfa("pattern", value, pointer)
-            return algebra.union([_NON_STRING, Schema((StringAtom(not_patterns=(value,)),))])
+            self.regex_node("pattern", value, pointer)
+            return Schema((StringAtom(not_patterns=(value,)),))
         if group in (("minLength",), ("maxLength",)):
             n = _count(schema, keyword, pointer)
-            if keyword == "minLength" and n == 0:
-                return NEVER
-            atom = StringAtom(max_length=n - 1) if keyword == "minLength" else StringAtom(min_length=n + 1)
-            return algebra.union([_NON_STRING, Schema((atom,))])
+            if keyword == "minLength":
+                return NEVER if n == 0 else Schema((StringAtom(max_length=n - 1),))
+            return Schema((StringAtom(min_length=n + 1),))
         if group in (("minItems",), ("maxItems",)):
             n = _count(schema, keyword, pointer)
-            if keyword == "minItems" and n == 0:
-                return NEVER
-            atom = ArrayAtom(max_items=n - 1) if keyword == "minItems" else ArrayAtom(min_items=n + 1)
-            return algebra.union([_NON_ARRAY, Schema((atom,))])
+            if keyword == "minItems":
+                return NEVER if n == 0 else Schema((ArrayAtom(max_items=n - 1),))
+            return Schema((ArrayAtom(min_items=n + 1),))
         if group in (("minimum",), ("maximum",), ("exclusiveMinimum",), ("exclusiveMaximum",)):
             bound = _decimal(schema, keyword, pointer)
-            below = keyword in ("minimum", "exclusiveMinimum")
-            strict = keyword == "minimum" or keyword == "maximum"
-            atom = NumberAtom(maximum=bound, exclusive_maximum=strict) if below \
-                else NumberAtom(minimum=bound, exclusive_minimum=strict)
-            return algebra.union([_NON_NUMBER, Schema((atom,))])
+            strict = keyword in ("minimum", "maximum")
+            if keyword in ("minimum", "exclusiveMinimum"):
+                return Schema((NumberAtom(maximum=bound, exclusive_maximum=strict),))
+            return Schema((NumberAtom(minimum=bound, exclusive_minimum=strict),))
         if group == ("anyOf",):
             result = ANY
             for i, sub in enumerate(_list(schema, "anyOf", pointer)):
@@ -524,7 +570,7 @@ class Lowering:
             finally:
                 self._lowering.discard(target)
         if group == ("properties",) and isinstance(value, dict):
-            cases = [_NON_OBJECT]
+            cases = []
             for name, sub in value.items():
                 negated = self.negate(sub, f"{pointer}/properties/{_escape(name)}")
                 if negated.atoms:
@@ -565,6 +611,27 @@ _ASSERTIONS = frozenset((
     "dependentRequired", "dependentSchemas", "dependencies", "if", "then", "else",
     "unevaluatedProperties", "unevaluatedItems", "nullable",
 ))
+
+
+def _parts_in_order(schema: dict[str, Any]) -> list[str]:
+    """"typed" (type-specific keywords) and the combinators present, in the order of their
+    first keyword in the schema; "typed" comes first when no keyword places it."""
+    parts: list[str] = []
+    for keyword in schema:
+        if keyword in ("$ref", "allOf", "anyOf", "oneOf", "not"):
+            part = keyword
+        elif keyword in ("dependentRequired", "dependentSchemas", "dependencies"):
+            part = "dependencies"
+        elif keyword == "if":
+            part = "if" if "then" in schema or "else" in schema else ""
+        elif keyword in _ASSERTIONS and keyword not in ("type", "nullable", "then", "else", "enum",
+                                                        "const"):
+            part = "typed"
+        else:
+            part = ""
+        if part and part not in parts:
+            parts.append(part)
+    return parts if "typed" in parts else ["typed", *parts]
 
 
 def _assertion_groups(schema: dict[str, Any]) -> list[tuple[str, ...]]:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from decimal import Decimal
+from typing import TYPE_CHECKING
 
 from pegmask.grammars.errors import SchemaError, UnsupportedSchemaError
 from pegmask.grammars.ir import (
@@ -27,11 +29,14 @@ from pegmask.grammars.ir import (
     seq,
 )
 from pegmask.grammars.json_schema_lexical import (
-    ANY_CHAR,
+    ALL,
     INTEGER,
+    NOT_PLAIN,
     NUMBER,
+    PLAIN,
     QUOTE,
     encode_node,
+    encode_ranges,
     integer_range,
     multiple_of_dfa,
     number_range,
@@ -52,18 +57,31 @@ from pegmask.grammars.json_schema_normal import (
     StringAtom,
 )
 from pegmask.grammars.json_schema_regular import (
+    Bounded,
     CharDFA,
+    Language,
     NotCharLevel,
     RegularTooLarge,
+    language_ir,
     not_in_node,
     restrict_length,
 )
+from pegmask.grammars.program import (
+    DEFAULT_MAX_INSTRUCTIONS,
+    char_class_scalar_ranges,
+    utf8_sequences,
+)
+
+if TYPE_CHECKING:
+    from pegmask.grammars.json_schema import Lowering
 
 NEVER_NODE = Choice(())
-MAX_KEY_PATTERNS = 4
+MAX_KEY_REGIONS = 32
+ANY_ORDER_BUDGET = 2048  # any-order states (2^slots per object) per schema; then schema order
 MAX_RULES = 50_000
-_INLINE_REPEAT = 64  # repetition counts above this are built from shared blocks
-_SMALL = 24  # nodes up to this size are copied instead of shared
+_BLOCK = 32  # repetition counts above this are built from shared blocks
+_MAX_COUNTED_SLOTS = 64  # minProperties / maxProperties counting: one rule call per slot
+_SMALL = 24  # nodes of up to about this many instructions are copied instead of shared
 _WS = CharClass(((0x09, 0x0A), (0x0D, 0x0D), (0x20, 0x20)))
 _ANY_TEXT = Repeat(CharClass(((0, MAX_UNICODE),)), 0, None)
 
@@ -71,27 +89,36 @@ _ANY_TEXT = Repeat(CharClass(((0, MAX_UNICODE),)), 0, None)
 class Emitter:
     """Emits the rules for one schema; every rule name starts with `prefix`."""
 
-    def __init__(self, lowering, *, prefix: str, max_whitespace: int, any_order: bool):
-        from pegmask.grammars.json_schema import ANY_ORDER_MAX_PROPERTIES
-
+    def __init__(self, lowering: Lowering, *, prefix: str, max_whitespace: int,
+                 any_order_limit: int):
         self.lowering = lowering
         self.algebra = lowering.algebra
         self.prefix = prefix
-        self.any_order_limit = ANY_ORDER_MAX_PROPERTIES if any_order else 1
+        self.any_order_limit = any_order_limit  # objects with up to this many slots: any order
         self.rules: dict[str, Node] = {}
         self._ref_names: dict[tuple, str] = {}
         self._pending: list[tuple[tuple, str]] = []
         self._saw_never = False
+        self._counter = 0
+        self._any_order_budget = ANY_ORDER_BUDGET
+        self._classes: dict[tuple[tuple[int, int], ...], Node | None] = {}
+        self._repeats: dict[tuple[Node, int, int], Node] = {}
         self.ws = self.shared("ws", lambda: Repeat(_WS, 0, max_whitespace)) if max_whitespace else EMPTY
         self.sep = seq(self.ws, Literal(b","), self.ws)
         self.colon = seq(self.ws, Literal(b":"), self.ws)
 
     # ----------------------------------------------------------------- rules
-    def new_name(self, tag: str) -> str:
+    def fresh(self, tag: str) -> str:
+        """A new rule name (not yet defined)."""
         if len(self.rules) >= MAX_RULES:
             raise SchemaError(f"schema needs more than {MAX_RULES} grammar rules")
-        name = f"{self.prefix}_{tag}{len(self.rules)}"
-        self.rules[name] = EMPTY  # reserved; the body is set by the caller
+        self._counter += 1
+        return f"{self.prefix}_{tag}{self._counter}"
+
+    def new_name(self, tag: str) -> str:
+        """A new rule name, reserved; the caller sets the body."""
+        name = self.fresh(tag)
+        self.rules[name] = EMPTY
         return name
 
     def shared(self, tag: str, build: Callable[[], Node]) -> Ref:
@@ -104,7 +131,7 @@ class Emitter:
 
     def share(self, node: Node) -> Node:
         """`node` itself when small, else a rule for it (so copies cost one call each)."""
-        if _small(node, _SMALL):
+        if _instructions([node]) <= _SMALL:
             return node
         name = self.new_name("n")
         self.rules[name] = node
@@ -117,13 +144,21 @@ class Emitter:
     # ----------------------------------------------------------------- entry
     def emit_root(self, schema: Schema) -> tuple[Node, dict[str, Node]]:
         root = self.emit(schema)
+        aliases: dict[tuple, list[tuple]] = {}  # references a rule makes before any input
         while self._pending:
             key, name = self._pending.pop()
-            self.rules[name] = self.emit(self.algebra.expand_ref(RefAtom(key)))
+            content = self.algebra.expand_ref(RefAtom(key))
+            aliases[key] = [a.key for a in content.atoms if isinstance(a, RefAtom)]
+            self.rules[name] = self.emit(content)
+        _check_alias_cycles(aliases)
         if self._saw_never:
             root, self.rules = _prune(root, self.rules)
         if root is None or _is_never(root):
             raise SchemaError("the schema accepts no value")
+        size = _instructions([root, *self.rules.values()])
+        if size > DEFAULT_MAX_INSTRUCTIONS:
+            raise SchemaError(f"schema too large: about {size} grammar instructions "
+                              f"(the compiler's limit is {DEFAULT_MAX_INSTRUCTIONS})")
         return root, self.rules
 
     def emit(self, schema: Schema) -> Node:
@@ -159,16 +194,41 @@ class Emitter:
         def build() -> Node:
             value = Ref(f"{self.prefix}_any")
             member = seq(self.any_string(), self.colon, value)
+            members = seq(member, Repeat(seq(self.sep, member), 0, None), self.ws)
+            items = seq(value, Repeat(seq(self.sep, value), 0, None), self.ws)
             return choice(
-                seq(Literal(b"{"), self.ws, optional(seq(member, Repeat(seq(self.sep, member), 0, None), self.ws)), Literal(b"}")),
-                seq(Literal(b"["), self.ws, optional(seq(value, Repeat(seq(self.sep, value), 0, None), self.ws)), Literal(b"]")),
+                seq(Literal(b"{"), self.ws, optional(members), Literal(b"}")),
+                seq(Literal(b"["), self.ws, optional(items), Literal(b"]")),
                 self.any_string(), self.shared("num", lambda: NUMBER),
                 Literal(b"true"), Literal(b"false"), Literal(b"null"))
 
         return self.shared("any", build)
 
     def any_string(self) -> Ref:
-        return self.shared("str", lambda: seq(QUOTE, Repeat(ANY_CHAR, 0, None), QUOTE))
+        return self.shared("str", lambda: seq(QUOTE, Repeat(self.char_body(), 0, None), QUOTE))
+
+    def char_body(self) -> Node:
+        """One string character: printable ASCII inline, everything else a shared rule."""
+        return choice(PLAIN, self.not_plain())
+
+    def not_plain(self) -> Ref:
+        return self.shared("other", lambda: NOT_PLAIN)
+
+    def char(self) -> Ref:
+        return self.shared("char", self.char_body)
+
+    def encode(self, chars: Node | None) -> Node | None:
+        """JSON spellings of a character-level node (`Ref`s kept), sharing common pieces."""
+        return None if chars is None else encode_node(chars, self.encode_class)
+
+    def encode_class(self, ranges: tuple[tuple[int, int], ...]) -> Node | None:
+        """One character of a class: the shared any-character rule, or a rule per big class."""
+        if ranges == ALL:
+            return self.char()
+        if ranges not in self._classes:
+            node = encode_ranges(ranges, self.not_plain())
+            self._classes[ranges] = None if node is None else self.share(node)
+        return self._classes[ranges]
 
     # ----------------------------------------------------------------- numbers
     def number(self, atom: NumberAtom) -> Node:
@@ -186,8 +246,11 @@ class Emitter:
         elif atom.minimum is None and atom.maximum is None:
             node = NUMBER if atom.multiple_of else self.shared("num", lambda: NUMBER)
         else:
-            node = number_range(atom.minimum, atom.exclusive_minimum,
-                                atom.maximum, atom.exclusive_maximum)
+            try:
+                node = number_range(atom.minimum, atom.exclusive_minimum,
+                                    atom.maximum, atom.exclusive_maximum)
+            except RegularTooLarge as exc:
+                raise UnsupportedSchemaError("minimum", atom.pointer, str(exc)) from exc
         if node is None:
             return self.never()
         if atom.multiple_of:
@@ -206,48 +269,60 @@ class Emitter:
             dfa = multiple_of_dfa(step, atom.integer)
             if dfa is None:
                 raise UnsupportedSchemaError("multipleOf", atom.pointer, f"step {step} is too fine")
-            magnitudes = dfa.to_node()
-            if magnitudes is None:
-                return self.never()
-            signed = CharDFA.from_node(seq(optional(Literal(b"-")), magnitudes))
-            result = CharDFA.from_node(node).intersect(signed).to_node()
+            result = CharDFA.from_node(node).intersect(dfa)
         except RegularTooLarge as exc:
             raise UnsupportedSchemaError("multipleOf", atom.pointer, str(exc)) from exc
-        return self.never() if result is None else result
+        spelled = self.spell(Bounded(result), "multipleOf", atom.pointer)
+        return self.never() if spelled is None else spelled
 
     # ----------------------------------------------------------------- strings
     def string(self, atom: StringAtom) -> Node:
         if not (atom.patterns or atom.formats or atom.not_patterns or atom.excluded):
             if atom.min_length == 0 and atom.max_length is None:
                 return self.any_string()
-            char = self.shared("char", lambda: ANY_CHAR)
-            return seq(QUOTE, self.repeat(char, atom.min_length, atom.max_length), QUOTE)
-        chars = self.string_chars(atom)
-        encoded = None if chars is None else encode_node(chars)
+            return seq(QUOTE, self.repeat(self.char(), atom.min_length, atom.max_length), QUOTE)
+        encoded = self.spell(self.string_language(atom), _string_keyword(atom), atom.pointer)
         return self.never() if encoded is None else seq(QUOTE, encoded, QUOTE)
 
-    def string_chars(self, atom: StringAtom) -> Node | None:
-        """Character-level IR for the decoded content of the strings `atom` accepts."""
+    def string_language(self, atom: StringAtom) -> Language | None:
+        """The decoded content of the strings `atom` accepts (None when none qualifies)."""
         lowering = self.lowering
         sources = [("pattern", p) for p in atom.patterns] + [("format", f) for f in atom.formats]
+        lo, hi = atom.min_length, atom.max_length
         try:
             if len(sources) == 1 and not atom.not_patterns and not atom.excluded:
-                node: Node | None = lowering.regex_node(*sources[0], atom.pointer)
-            else:
-                dfa = CharDFA.from_node(_ANY_TEXT)
-                for kind, source in sources:
-                    dfa = dfa.intersect(lowering.regex_dfa(kind, source, atom.pointer))
-                for pattern in atom.not_patterns:
-                    dfa = dfa.difference(lowering.regex_dfa("pattern", pattern, atom.pointer))
-                if atom.excluded:
-                    dfa = dfa.difference(CharDFA.from_strings(atom.excluded))
-                node = dfa.to_node()
-            if node is not None and (atom.min_length or atom.max_length is not None):
-                node = restrict_length(node, atom.min_length, atom.max_length)
+                node = lowering.regex_node(*sources[0], atom.pointer)
+                return restrict_length(node, lo, hi) if lo or hi is not None else node
+            dfa = CharDFA.from_node(_ANY_TEXT)
+            for kind, source in sources:
+                dfa = dfa.intersect(lowering.regex_dfa(kind, source, atom.pointer))
+            for pattern in atom.not_patterns:
+                dfa = dfa.difference(lowering.regex_dfa("pattern", pattern, atom.pointer))
+            if atom.excluded:
+                dfa = dfa.difference(CharDFA.from_strings(atom.excluded))
+            for kind, source in sources:  # a source that already says it all keeps its IR
+                if dfa.equivalent(lowering.regex_dfa(kind, source, atom.pointer)):
+                    node = lowering.regex_node(kind, source, atom.pointer)
+                    return restrict_length(node, lo, hi) if lo or hi is not None else node
         except (RegularTooLarge, NotCharLevel) as exc:
-            keyword = "pattern" if atom.patterns else "format" if atom.formats else "not"
-            raise UnsupportedSchemaError(keyword, atom.pointer, str(exc)) from exc
-        return node
+            raise UnsupportedSchemaError(_string_keyword(atom), atom.pointer, str(exc)) from exc
+        return Bounded(dfa, lo, hi)
+
+    def spell(self, language: Language | None, keyword: str, pointer: str) -> Node | None:
+        """JSON spellings of a character language (see `language_ir`); None when empty."""
+        if language is None:
+            return None
+        base = self.fresh("s")
+        try:
+            made = language_ir(language, lambda key: base + "_" + "_".join(map(str, key)))
+        except (RegularTooLarge, NotCharLevel) as exc:
+            raise UnsupportedSchemaError(keyword, pointer, str(exc)) from exc
+        if made is None:
+            return None
+        node, rules = made
+        for name, body in rules.items():
+            self.rules[name] = self.encode(body)
+        return self.encode(node)
 
     # ----------------------------------------------------------------- arrays
     def array(self, atom: ArrayAtom) -> Node:
@@ -300,30 +375,44 @@ class Emitter:
         return seq(Literal(b"["), self.ws, before, match, after, self.ws, Literal(b"]"))
 
     def repeat(self, item: Node, lo: int, hi: int | None) -> Node:
-        """item{lo,hi}; large counts are composed from shared blocks of about sqrt(count)."""
-        span = 0 if hi is None else hi - lo
-        if lo <= _INLINE_REPEAT and span <= _INLINE_REPEAT:
-            return Repeat(item, lo, hi)
+        """item{lo,hi} as shared rules: counts above `_BLOCK` are composed from a rule for
+        item{_BLOCK} (recursively, so a count n costs O(log n) instructions), and each
+        (item, count range) is one rule however often it is used."""
+        if lo <= _BLOCK and (hi is None or hi - lo <= _BLOCK):
+            if hi is None:
+                return seq(self.shared_repeat(item, lo, lo), Repeat(item, 0, None))
+            return self.shared_repeat(item, lo, hi)
         item = self.share(item)
+        block = self.shared_repeat(item, _BLOCK, _BLOCK)
         parts: list[Node] = []
-        if lo > _INLINE_REPEAT:
-            b = math.isqrt(lo)
-            block = self.share(Repeat(item, b, b))
-            parts += [Repeat(block, lo // b, lo // b), Repeat(item, lo % b, lo % b)]
+        if lo > _BLOCK:
+            parts += [self.repeat(block, lo // _BLOCK, lo // _BLOCK),
+                      self.shared_repeat(item, lo % _BLOCK, lo % _BLOCK)]
         else:
-            parts.append(Repeat(item, lo, lo))
+            parts.append(self.shared_repeat(item, lo, lo))
         if hi is None:
             parts.append(Repeat(item, 0, None))
-        elif span > _INLINE_REPEAT:
-            b = math.isqrt(span)
-            q, r = divmod(span, b)
-            block = self.share(Repeat(item, b, b))
-            small = self.share(Repeat(item, 0, b - 1))
-            parts.append(choice(seq(Repeat(block, 0, q - 1), small),
-                                seq(Repeat(block, q, q), Repeat(item, 0, r))))
+        elif hi - lo > _BLOCK:
+            q, r = divmod(hi - lo, _BLOCK)
+            parts.append(choice(
+                seq(self.repeat(block, 0, q - 1), self.shared_repeat(item, 0, _BLOCK - 1)),
+                seq(self.repeat(block, q, q), self.shared_repeat(item, 0, r))))
         else:
-            parts.append(Repeat(item, 0, span))
+            parts.append(self.shared_repeat(item, 0, hi - lo))
         return seq(*parts)
+
+    def shared_repeat(self, item: Node, lo: int, hi: int) -> Node:
+        """item{lo,hi}; a rule made once per (item, lo, hi) unless it is tiny."""
+        if hi == 0:
+            return EMPTY
+        if _instructions([item]) * hi <= _SMALL:
+            return Repeat(item, lo, hi)
+        key = (item, lo, hi)
+        if key not in self._repeats:
+            name = self.new_name("r")
+            self.rules[name] = Repeat(item, lo, hi)
+            self._repeats[key] = Ref(name)
+        return self._repeats[key]
 
     # ----------------------------------------------------------------- objects
     def object(self, atom: ObjectAtom) -> Node:
@@ -348,16 +437,13 @@ class Emitter:
         return self.members(atom, slots, extra)
 
     def extra_member(self, atom: ObjectAtom, names: list[str]) -> Node | None:
-        """One member whose key is none of `names`, by the regions the key patterns cut."""
+        """One member whose key is none of `names`: the key patterns cut the other keys into
+        regions (which patterns a key matches), each with its own value schema."""
         patterns: list[str] = []
         for rules in atom.rules:
             patterns += [p for p, _ in rules.patterns if p not in patterns]
-        if len(patterns) > MAX_KEY_PATTERNS:
-            raise UnsupportedSchemaError("patternProperties", atom.pointer,
-                                         f"more than {MAX_KEY_PATTERNS} key patterns on one object")
         members: list[Node] = []
-        for mask in range(1 << len(patterns)):
-            chosen = [p for i, p in enumerate(patterns) if mask >> i & 1]
+        for chosen, others in self.key_regions(atom, patterns):
             value = ANY
             for rules in atom.rules:
                 matched = [s for p, s in rules.patterns if p in chosen]
@@ -365,12 +451,32 @@ class Emitter:
                     value = self.algebra.intersect(value, part)
             if not value.atoms:
                 continue
-            others = [p for p in patterns if p not in chosen]
             key = self.key_node(atom, chosen, others, names)
             node = None if key is None else self.emit(value)
             if node is not None and not _is_never(node):
                 members.append(seq(key, self.colon, node))
         return choice(*members) if members else None
+
+    def key_regions(self, atom: ObjectAtom, patterns: list[str]) -> list[tuple[list[str], list[str]]]:
+        """(matched, unmatched) pattern lists of the non-empty regions, found by splitting on
+        one pattern at a time (most of the 2^n combinations are usually empty)."""
+        if len(patterns) <= 1:
+            return [([], patterns)] + ([(patterns, [])] if patterns else [])
+        regions: list[tuple[list[str], list[str], CharDFA]] = [([], [], CharDFA.from_node(_ANY_TEXT))]
+        try:
+            for p in patterns:
+                dfa = self.lowering.regex_dfa("pattern", p, atom.pointer)
+                split = []
+                for chosen, others, region in regions:
+                    split += [(chosen + [p], others, region.intersect(dfa)),
+                              (chosen, others + [p], region.difference(dfa))]
+                regions = [r for r in split if not r[2].is_empty()]
+                if len(regions) > MAX_KEY_REGIONS:
+                    raise UnsupportedSchemaError("patternProperties", atom.pointer,
+                                                 f"key patterns overlap in more than {MAX_KEY_REGIONS} ways")
+        except (RegularTooLarge, NotCharLevel) as exc:
+            raise UnsupportedSchemaError("patternProperties", atom.pointer, str(exc)) from exc
+        return [(chosen, others) for chosen, others, _ in regions]
 
     def key_node(self, atom: ObjectAtom, chosen: list[str], others: list[str],
                  names: list[str]) -> Node | None:
@@ -378,71 +484,134 @@ class Emitter:
         valid under `propertyNames` (None when no such key exists)."""
         lowering = self.lowering
         try:
+            language: Language
             if not chosen and not others and not atom.property_names:
-                chars: Node | None = not_in_node(names) if names else _ANY_TEXT
+                language = not_in_node(names) if names else _ANY_TEXT
             else:
-                dfa = CharDFA.from_node(_ANY_TEXT)
+                bounded = Bounded(CharDFA.from_node(_ANY_TEXT))
                 for p in chosen:
-                    dfa = dfa.intersect(lowering.regex_dfa("pattern", p, atom.pointer))
+                    bounded.dfa = bounded.dfa.intersect(lowering.regex_dfa("pattern", p, atom.pointer))
                 for p in others:
-                    dfa = dfa.difference(lowering.regex_dfa("pattern", p, atom.pointer))
+                    bounded.dfa = bounded.dfa.difference(lowering.regex_dfa("pattern", p, atom.pointer))
                 if names:
-                    dfa = dfa.difference(CharDFA.from_strings(names))
+                    bounded.dfa = bounded.dfa.difference(CharDFA.from_strings(names))
                 for schema in atom.property_names:
-                    dfa = dfa.intersect(self.key_language(schema, atom.pointer))
-                chars = dfa.to_node()
+                    bounded = bounded.intersect(self.key_language(schema))
+                language = bounded
+                for p in chosen:  # a pattern that already says it all keeps its IR
+                    if bounded.dfa.equivalent(lowering.regex_dfa("pattern", p, atom.pointer)):
+                        node = lowering.regex_node("pattern", p, atom.pointer)
+                        restricted = restrict_length(node, bounded.lo, bounded.hi)
+                        language = bounded if restricted is None else restricted
+                        break
         except (RegularTooLarge, NotCharLevel) as exc:
             raise UnsupportedSchemaError("patternProperties", atom.pointer, str(exc)) from exc
-        encoded = None if chars is None else encode_node(chars)
+        encoded = self.spell(language, "patternProperties", atom.pointer)
         return None if encoded is None else seq(QUOTE, encoded, QUOTE)
 
-    def key_language(self, schema: Schema, pointer: str) -> CharDFA:
-        """The strings valid under a `propertyNames` schema, as a DFA."""
+    def key_language(self, schema: Schema) -> Bounded:
+        """The strings valid under a `propertyNames` schema. Length bounds are kept aside
+        when one string atom says it all (the common case), else multiplied in."""
+        atoms = self.string_atoms(schema)
+        if len(atoms) == 1 and isinstance(atoms[0], StringAtom):
+            atom = atoms[0]
+            language = self.string_language(replace(atom, min_length=0, max_length=None))
+            if isinstance(language, Bounded):
+                return Bounded(language.dfa, atom.min_length, atom.max_length)
+            if language is None:
+                return Bounded(CharDFA.from_strings([]))
+            return Bounded(CharDFA.from_node(language), atom.min_length, atom.max_length)
         result = CharDFA.from_strings([])
-        for atom in schema.atoms:
-            if isinstance(atom, RefAtom):
-                result = result.union(self.key_language(self.algebra.expand_ref(atom), pointer))
-            elif isinstance(atom, ConstAtom) and isinstance(atom.value, str):
+        for atom in atoms:
+            if isinstance(atom, ConstAtom):
                 result = result.union(CharDFA.from_strings([atom.value]))
             elif isinstance(atom, StringAtom):
-                chars = self.string_chars(atom)
-                if chars is not None:
-                    result = result.union(CharDFA.from_node(chars))
-        return result
+                language = self.string_language(atom)
+                if isinstance(language, Node):
+                    language = Bounded(CharDFA.from_node(language))
+                if language is not None:
+                    result = result.union(language.dfa.with_length(language.lo, language.hi))
+        return Bounded(result)
+
+    def string_atoms(self, schema: Schema) -> list[StringAtom | ConstAtom]:
+        """The atoms of `schema` that strings can match (references expanded): keys are strings."""
+        atoms: list[StringAtom | ConstAtom] = []
+        for atom in schema.atoms:
+            if isinstance(atom, RefAtom):
+                atoms += self.string_atoms(self.algebra.expand_ref(atom))
+            elif isinstance(atom, StringAtom) or (
+                    isinstance(atom, ConstAtom) and isinstance(atom.value, str)):
+                atoms.append(atom)
+        return atoms
 
     def members(self, atom: ObjectAtom, slots: list[tuple[bool, Node]], extra: Node | None) -> Node:
-        """`{...}` with the slots (schema order, or any order when small) and extra members."""
+        """`{...}` with the slots (schema order, or any order when small), extra members, and
+        the member count within minProperties..maxProperties."""
         required = sum(r for r, _ in slots)
         lo, hi = atom.min_properties, atom.max_properties
-        empty_ok = required == 0
+        most = None if extra is not None else len(slots)
+        counted = lo > max(required, 1) or (hi is not None and (most is None or hi < most))
+        small = 2 <= len(slots) <= self.any_order_limit and self._any_order_budget >= 1 << len(slots)
         body: Node | None
-        if not slots and extra is not None and (lo > 1 or hi is not None):
-            body = seq(extra, self.repeat(seq(self.sep, extra), max(lo, 1) - 1, None if hi is None else hi - 1))
-            empty_ok = lo == 0
-            lo, hi = 0, None
-        elif 2 <= len(slots) <= self.any_order_limit:
+        if counted and small and extra is None:
+            body = self.any_order(slots, None, lo, hi)
+        elif counted:
+            if len(slots) > _MAX_COUNTED_SLOTS:
+                raise UnsupportedSchemaError("minProperties" if lo > required else "maxProperties",
+                                             atom.pointer, "too many properties to count")
+            body = self.counted(slots, extra, lo, hi)
+        elif small:
             body = self.any_order(slots, extra)
         else:
             items = list(slots)
             if extra is not None:
                 items.append((False, seq(extra, Repeat(seq(self.sep, extra), 0, None))))
             body = self.chain(items) if items else None
-        if lo > required:
-            if lo > 1:
-                raise UnsupportedSchemaError("minProperties", atom.pointer,
-                                             "only 1, or any value for objects without named properties")
-            empty_ok = False
-        if hi is not None and (extra is not None or hi < len(slots)):
-            if hi > 0:
-                raise UnsupportedSchemaError("maxProperties", atom.pointer,
-                                             "only 0, or any value for objects without named properties")
-            body = None
         alts = []
-        if empty_ok:
+        if required == 0 and lo == 0:
             alts.append(seq(Literal(b"{"), self.ws, Literal(b"}")))
-        if body is not None:
+        if body is not None and hi != 0:
             alts.append(seq(Literal(b"{"), self.ws, body, self.ws, Literal(b"}")))
         return choice(*alts) if alts else self.never()
+
+    def counted(self, slots: list[tuple[bool, Node]], extra: Node | None, lo: int,
+                hi: int | None) -> Node | None:
+        """Non-empty member lists in schema order with lo..hi members: one rule per (slot,
+        members so far), extras counted by repetition at the end."""
+        members = [self.share(node) for _, node in slots]
+        cap = lo if hi is None else hi
+        made: dict[tuple[int, int], Node | None] = {}
+
+        def state(i: int, count: int) -> Node | None:
+            if i == len(slots):
+                need = max(0, lo - count) if count else max(1, lo)
+                room = None if hi is None else hi - count
+                if room is not None and room < need:
+                    return None
+                if extra is None:
+                    return EMPTY if need == 0 else None
+                if count == 0:
+                    return seq(extra, self.repeat(seq(self.sep, extra), need - 1, None if room is None else room - 1))
+                return self.repeat(seq(self.sep, extra), need, room)
+            key = (i, count)
+            if key not in made:
+                made[key] = None
+                alts: list[Node] = []
+                if hi is None or count < hi:
+                    taken = state(i + 1, count + 1 if hi is not None else min(count + 1, cap))
+                    if taken is not None:
+                        alts.append(seq(self.sep if count else EMPTY, members[i], taken))
+                if not slots[i][0]:
+                    skipped = state(i + 1, count)
+                    if skipped is not None:
+                        alts.append(skipped)
+                if alts:
+                    name = self.new_name("c")
+                    self.rules[name] = choice(*alts)
+                    made[key] = Ref(name)
+            return made[key]
+
+        return state(0, 0)
 
     def chain(self, items: list[tuple[bool, Node]]) -> Node:
         """Non-empty comma-separated subsequences of `items` (in order) with every required
@@ -461,9 +630,12 @@ class Emitter:
         b = self.share(b)
         return choice(seq(a, optional(seq(self.sep, b))), b)
 
-    def any_order(self, slots: list[tuple[bool, Node]], extra: Node | None) -> Node:
+    def any_order(self, slots: list[tuple[bool, Node]], extra: Node | None, lo: int = 0,
+                  hi: int | None = None) -> Node:
         """Non-empty member lists with each slot at most once, in any order, extras anywhere:
-        one rule per set of slots already written."""
+        one rule per set of slots already written. `lo` / `hi` bound the member count (only
+        used without extras, when the set's size is the count)."""
+        self._any_order_budget -= 1 << len(slots)
         refs = [self.share(node) for _, node in slots]
         need = sum(1 << i for i, (r, _) in enumerate(slots) if r)
         extras = self.share(Repeat(seq(self.sep, extra), 0, None)) if extra is not None else EMPTY
@@ -472,11 +644,16 @@ class Emitter:
         def after(done: int) -> Ref:
             if done not in states:
                 states[done] = self.new_name("o")
-                alts = [seq(self.sep, refs[i], after(done | 1 << i))
-                        for i in range(len(refs)) if not done >> i & 1]
-                if done & need == need:
+                count = bin(done).count("1")
+                alts: list[Node] = []
+                if hi is None or count < hi:
+                    nexts = [seq(refs[i], after(done | 1 << i))
+                             for i in range(len(refs)) if not done >> i & 1]
+                    if nexts:
+                        alts.append(seq(self.sep, choice(*nexts)))
+                if done & need == need and count >= lo:
                     alts.append(EMPTY)
-                self.rules[states[done]] = seq(extras, choice(*alts))
+                self.rules[states[done]] = seq(extras, choice(*alts)) if alts else self.never()
             return Ref(states[done])
 
         starts = [seq(refs[i], after(1 << i)) for i in range(len(refs))]
@@ -485,26 +662,62 @@ class Emitter:
         return choice(*starts)
 
 
+def _check_alias_cycles(aliases: dict[tuple, list[tuple]]) -> None:
+    """Every atom but a reference consumes input first, so a cycle of references that are
+    whole alternatives of each other is the only way to left recursion: reject it."""
+    state: dict[tuple, int] = {}
+
+    def visit(key: tuple) -> None:
+        state[key] = 1
+        for nxt in aliases.get(key, ()):
+            if state.get(nxt) == 1:
+                raise SchemaError("circular $ref: a schema is one of its own alternatives",
+                                  nxt[1] if nxt[0] == "ref" else "")
+            if nxt not in state:
+                visit(nxt)
+        state[key] = 2
+
+    for key in aliases:
+        if key not in state:
+            visit(key)
+
+
+def _string_keyword(atom: StringAtom) -> str:
+    return "pattern" if atom.patterns else "format" if atom.formats else "not"
+
+
 def _is_never(node: Node) -> bool:
     return isinstance(node, Choice) and not node.alts
 
 
-def _small(node: Node, budget: int) -> bool:
-    """Whether `node` has at most `budget` IR nodes (stops counting early)."""
-    stack = [node]
-    count = 0
-    while stack:
-        current = stack.pop()
-        count += 1
-        if count > budget:
-            return False
-        if isinstance(current, Seq):
-            stack.extend(current.items)
-        elif isinstance(current, Choice):
-            stack.extend(current.alts)
-        elif isinstance(current, Repeat):
-            stack.append(current.item)
-    return True
+def _instructions(nodes: list[Node]) -> int:
+    """How many instructions the compiler will emit for `nodes` (mirrors `program._Compiler`)."""
+    memo: dict[int, tuple[Node, int]] = {}
+
+    def size(node: Node) -> int:
+        hit = memo.get(id(node))
+        if hit is not None and hit[0] is node:
+            return hit[1]
+        if isinstance(node, Literal):
+            result = len(node.data) or 1
+        elif isinstance(node, Seq):
+            result = sum(size(i) for i in node.items) or 1
+        elif isinstance(node, Choice):
+            result = 1 + sum(size(a) for a in node.alts)
+        elif isinstance(node, Repeat):
+            item = size(node.item)
+            extra = 2 if node.max is None else node.max - node.min
+            result = 1 + item * (node.min + (1 if node.max is None else node.max - node.min)) + 2 * extra
+        elif isinstance(node, CharClass):
+            sequences = [s for lo, hi in char_class_scalar_ranges(node) for s in utf8_sequences(lo, hi)]
+            multi = [len(s) for s in sequences if len(s) > 1]
+            result = (len(sequences) > len(multi)) + sum(multi) + (1 if multi else 0)
+        else:
+            result = 2
+        memo[id(node)] = (node, result)
+        return result
+
+    return sum(size(n) + 1 for n in nodes)
 
 
 def _prune(root: Node, rules: dict[str, Node]) -> tuple[Node | None, dict[str, Node]]:

@@ -15,6 +15,7 @@ import json
 import math
 from collections.abc import Callable
 from decimal import Decimal
+from functools import lru_cache
 
 from pegmask.grammars.ir import (
     EMPTY,
@@ -24,6 +25,7 @@ from pegmask.grammars.ir import (
     Choice,
     Literal,
     Node,
+    Ref,
     Repeat,
     Seq,
     choice,
@@ -38,6 +40,7 @@ NONZERO = CharClass(((0x31, 0x39),))
 DIGITS = Repeat(DIGIT, 1, None)
 _SHORT_ESCAPES = {0x08: b"b", 0x09: b"t", 0x0A: b"n", 0x0C: b"f", 0x0D: b"r"}
 _SURROGATES = (0xD800, 0xDFFF)
+Ranges = tuple[tuple[int, int], ...]
 
 
 # ---------------------------------------------------------------------------- digit ranges
@@ -82,18 +85,25 @@ def fixed_width_range(lo: int, hi: int, width: int, base: int, digit: DigitClass
 
 
 def natural_range(lo: int, hi: int | None) -> Node | None:
-    """Decimal naturals without leading zeros in [lo, hi] (hi None: unbounded)."""
+    """Decimal naturals without leading zeros in [lo, hi] (hi None: unbounded). The lowest
+    and highest widths are digit ranges; every width between is `[1-9][0-9]{w-1}`, one node."""
     if hi is not None and hi < lo:
         return None
-    alts: list[Node] = []
-    top = len(str(lo)) if hi is None else len(str(hi))
-    for width in range(len(str(lo)), top + 1):
+    low_width = len(str(lo))
+    high_width = len(str(hi)) if hi is not None else None
+
+    def width_range(width: int) -> Node:
         wlo = max(lo, 10 ** (width - 1) if width > 1 else 0)
         whi = 10**width - 1 if hi is None else min(hi, 10**width - 1)
-        if wlo <= whi:
-            alts.append(fixed_width_range(wlo, whi, width, 10, decimal_digit))
-    if hi is None:
-        alts.append(seq(NONZERO, Repeat(DIGIT, top, None)))
+        return fixed_width_range(wlo, whi, width, 10, decimal_digit)
+
+    alts = [width_range(low_width)]
+    if high_width is None:
+        alts.append(seq(NONZERO, Repeat(DIGIT, low_width, None)))
+    elif high_width > low_width:
+        if high_width > low_width + 1:
+            alts.append(seq(NONZERO, Repeat(DIGIT, low_width, high_width - 2)))
+        alts.append(width_range(high_width))
     return choice(*alts)
 
 
@@ -127,63 +137,86 @@ def _fraction_digits(value: Decimal) -> tuple[int, str]:
     return whole, frac
 
 
-def _fraction_at_least(frac: str, strict: bool) -> Node | None:
-    """Optional fraction parts `(.digits)?` whose value is >= (or >) 0.frac."""
+def _at_least(frac: str, strict: bool) -> Node:
+    """Non-empty digit strings F with 0.F >= 0.frac (> when strict); frac has no trailing
+    zeros. Nested per digit, with zero runs as one repetition, so the size stays linear."""
+    anything = Repeat(DIGIT, 0, None)
     if not frac:
-        return seq(Literal(b"."), Repeat(DIGIT, 0, None), NONZERO, Repeat(DIGIT, 0, None)) \
-            if strict else optional(FRACTION)
-    alts = [seq(Literal(("." + frac[:i]).encode()), decimal_digit(int(frac[i]) + 1, 9),
-                Repeat(DIGIT, 0, None)) for i in range(len(frac)) if frac[i] != "9"]
-    tail = seq(Repeat(DIGIT, 0, None), NONZERO, Repeat(DIGIT, 0, None)) if strict \
-        else Repeat(DIGIT, 0, None)
-    alts.append(seq(Literal(("." + frac).encode()), tail))
+        return seq(anything, NONZERO, anything) if strict else DIGITS
+    zeros = len(frac) - len(frac.lstrip("0"))
+    if zeros:
+        beyond = seq(Repeat(Literal(b"0"), 0, zeros - 1), NONZERO, anything)
+        return choice(beyond, seq(Literal(b"0" * zeros), _at_least(frac[zeros:], strict)))
+    head, rest = int(frac[0]), frac[1:]
+    alts = [seq(decimal_digit(head + 1, 9), anything)] if head < 9 else []
+    if rest:
+        alts.append(seq(Literal(frac[0].encode()), _at_least(rest, strict)))
+    elif not strict:
+        alts.append(seq(Literal(frac[0].encode()), Repeat(DIGIT, 0, None)))
+    else:
+        alts.append(seq(Literal(frac[0].encode()), Repeat(DIGIT, 0, None), NONZERO, Repeat(DIGIT, 0, None)))
+    return choice(*alts)
+
+
+def _at_most(frac: str, strict: bool) -> Node | None:
+    """Non-empty digit strings F with 0.F <= 0.frac (< when strict); None when there are none."""
+    if not frac:
+        return None if strict else Repeat(Literal(b"0"), 1, None)
+    zeros = len(frac) - len(frac.lstrip("0"))
+    if zeros:
+        rest = _at_most(frac[zeros:], strict)  # never None: frac[zeros:] is not empty
+        shorter = [Repeat(Literal(b"0"), 1, zeros - 1)] if zeros > 1 else []
+        return choice(*shorter, seq(Literal(b"0" * zeros), optional(rest)))
+    head, rest_digits = int(frac[0]), frac[1:]
+    alts = [seq(decimal_digit(0, head - 1), Repeat(DIGIT, 0, None))]
+    after = _at_most(rest_digits, strict)
+    if after is not None and rest_digits:
+        alts.append(seq(Literal(frac[0].encode()), optional(after)))
+    elif not strict:
+        alts.append(seq(Literal(frac[0].encode()), Repeat(Literal(b"0"), 0, None)))
+    return choice(*alts)
+
+
+def _fraction_at_least(frac: str, strict: bool) -> Node:
+    """Optional fraction parts `(.digits)?` whose value is >= (or >) 0.frac."""
+    alts = [seq(Literal(b"."), _at_least(frac, strict))]
+    if not frac and not strict:
+        alts.append(EMPTY)
     return choice(*alts)
 
 
 def _fraction_at_most(frac: str, strict: bool) -> Node | None:
-    """Optional fraction parts whose value is <= (or <) 0.frac."""
-    zeros = seq(Literal(b"."), Repeat(Literal(b"0"), 1, None))
-    if not frac:
-        return None if strict else optional(zeros)
-    alts: list[Node] = [EMPTY]
-    for i in range(len(frac)):
-        if frac[i] != "0":
-            alts.append(seq(Literal(("." + frac[:i]).encode()), decimal_digit(0, int(frac[i]) - 1),
-                            Repeat(DIGIT, 0, None)))
-        if i:
-            alts.append(Literal(("." + frac[:i]).encode()))
-    if not strict:
-        alts.append(seq(Literal(("." + frac).encode()), Repeat(Literal(b"0"), 0, None)))
-    return choice(*alts)
+    """Optional fraction parts whose value is <= (or <) 0.frac; None when there are none."""
+    alts: list[Node] = []
+    if frac or not strict:
+        alts.append(EMPTY)
+    fraction = _at_most(frac, strict)
+    if fraction is not None:
+        alts.append(seq(Literal(b"."), fraction))
+    return choice(*alts) if alts else None
 
 
 def magnitude_range(lo: Decimal, lo_strict: bool, hi: Decimal | None, hi_strict: bool) -> Node | None:
     """Unsigned decimals `digits(.digits)?` (no exponent) with value in the interval."""
     lo_int, lo_frac = _fraction_digits(lo)
-    above: list[Node] = []
-    at_lo = _fraction_at_least(lo_frac, lo_strict)
+    at_lo = seq(Literal(str(lo_int).encode()), _fraction_at_least(lo_frac, lo_strict))
     if hi is None:
-        rest = natural_range(lo_int + 1, None)
-        above.append(seq(rest, optional(FRACTION)) if rest is not None else EMPTY)
-        if at_lo is not None:
-            above.append(seq(Literal(str(lo_int).encode()), at_lo))
-        return choice(*above)
+        return choice(seq(natural_range(lo_int + 1, None), optional(FRACTION)), at_lo)
     hi_int, hi_frac = _fraction_digits(hi)
     at_hi = _fraction_at_most(hi_frac, hi_strict)
     if lo_int == hi_int:
-        if at_lo is None or at_hi is None:
+        if at_hi is None:
             return None
-        both = CharDFA.from_node(at_lo).intersect(CharDFA.from_node(at_hi)).to_node()
+        lo_part = _fraction_at_least(lo_frac, lo_strict)
+        both = CharDFA.from_node(lo_part).intersect(CharDFA.from_node(at_hi)).to_node()
         return None if both is None else seq(Literal(str(lo_int).encode()), both)
-    alts: list[Node] = []
-    if at_lo is not None:
-        alts.append(seq(Literal(str(lo_int).encode()), at_lo))
+    alts = [at_lo]
     middle = natural_range(lo_int + 1, hi_int - 1)
     if middle is not None:
         alts.append(seq(middle, optional(FRACTION)))
     if at_hi is not None:
         alts.append(seq(Literal(str(hi_int).encode()), at_hi))
-    return choice(*alts) if alts else None
+    return choice(*alts)
 
 
 def number_range(lo: Decimal | None, lo_strict: bool, hi: Decimal | None, hi_strict: bool,
@@ -219,7 +252,8 @@ def number_range(lo: Decimal | None, lo_strict: bool, hi: Decimal | None, hi_str
 
 
 def multiple_of_dfa(step: Decimal, integer_only: bool) -> CharDFA | None:
-    """Unsigned decimals (no exponent) that are multiples of `step`; None if not expressible.
+    """Decimals (optional `-`, no exponent) that are multiples of `step`; None if not
+    expressible.
 
     With step = k / 10^d, a value is a multiple iff it has at most d significant fraction
     digits and its value scaled by 10^d is divisible by k: a DFA over (remainder, digits read).
@@ -257,7 +291,9 @@ def multiple_of_dfa(step: Decimal, integer_only: bool) -> CharDFA | None:
         name = todo.pop()
         kind = name[0]
         out: list[tuple[int, int, tuple]] = []
-        if kind == "start":
+        if kind in ("start", "signed"):
+            if kind == "start":
+                out.append((0x2D, 0x2D, ("signed",)))
             out.append((0x30, 0x30, ("int", 0, True)))
             out += [(0x30 + i, 0x30 + i, ("int", i % k, False)) for i in range(1, 10)]
         elif kind == "int":
@@ -298,22 +334,36 @@ def multiple_of_dfa(step: Decimal, integer_only: bool) -> CharDFA | None:
 
 
 # ---------------------------------------------------------------------------- string characters
+ALL: Ranges = ((0, _SURROGATES[0] - 1), (_SURROGATES[1] + 1, MAX_UNICODE))
+# Characters that have an escaped spelling: controls, `"`, `/`, `\\`, and all non-ASCII.
+_ESCAPABLE: Ranges = ((0, 0x1F), (0x22, 0x22), (0x2F, 0x2F), (0x5C, 0x5C),
+                      (0x7F, _SURROGATES[0] - 1), (_SURROGATES[1] + 1, MAX_UNICODE))
+
+
+def _intersect(ranges: Ranges, lo: int, hi: int) -> list[tuple[int, int]]:
+    return [(max(a, lo), min(b, hi)) for a, b in ranges if a <= hi and b >= lo]
+
+
+def _covers(ranges: Ranges, needed: Ranges) -> bool:
+    return all(sum(b - a + 1 for a, b in _intersect(ranges, lo, hi)) == hi - lo + 1
+               for lo, hi in needed)
+
+
+@lru_cache(maxsize=4096)
 def _hex4(lo: int, hi: int) -> Node:
     return fixed_width_range(lo, hi, 4, 16, hex_digit)
 
 
-def _intersect(ranges: list[tuple[int, int]], lo: int, hi: int) -> list[tuple[int, int]]:
-    return [(max(a, lo), min(b, hi)) for a, b in ranges if a <= hi and b >= lo]
-
-
-def encode_ranges(ranges: list[tuple[int, int]]) -> Node | None:
-    """One JSON string character (raw or escaped) whose decoded scalar lies in `ranges`
-    (sorted, merged, without surrogates). None when the ranges are empty."""
-    alts: list[Node] = []
+def _raw_part(ranges: Ranges) -> Node | None:
     raw = [r for lo, hi in ((0x20, 0x21), (0x23, 0x5B), (0x5D, MAX_UNICODE))
            for r in _intersect(ranges, lo, hi)]
-    if raw:
-        alts.append(CharClass(tuple(raw)))
+    return CharClass(tuple(raw)) if raw else None
+
+
+@lru_cache(maxsize=4096)
+def escape_part(ranges: Ranges) -> Node | None:
+    """The escaped spellings of the characters in `ranges` (None when there are none)."""
+    alts: list[Node] = []
     for code, spelling in ((0x22, b'\\"'), (0x5C, b"\\\\"), (0x2F, b"\\/")):
         if _intersect(ranges, code, code):
             alts.append(Literal(spelling))
@@ -334,7 +384,6 @@ def encode_ranges(ranges: list[tuple[int, int]]) -> Node | None:
 def _surrogate_pairs(lo: int, hi: int) -> Node:
     """`\\uD8xx\\uDCxx` pairs for the astral scalars lo..hi."""
     (hl, ll), (hh, lh) = divmod(lo - 0x10000, 0x400), divmod(hi - 0x10000, 0x400)
-    alts: list[Node] = []
 
     def pair(h_lo: int, h_hi: int, l_lo: int, l_hi: int) -> Node:
         return seq(Literal(b"\\u"), _hex4(0xD800 + h_lo, 0xD800 + h_hi),
@@ -342,14 +391,30 @@ def _surrogate_pairs(lo: int, hi: int) -> Node:
 
     if hl == hh:
         return pair(hl, hl, ll, lh)
-    alts.append(pair(hl, hl, ll, 0x3FF))
+    alts = [pair(hl, hl, ll, 0x3FF)]
     if hl + 1 <= hh - 1:
         alts.append(pair(hl + 1, hh - 1, 0, 0x3FF))
     alts.append(pair(hh, hh, 0, lh))
     return choice(*alts)
 
 
-ANY_CHAR = encode_ranges([(0, _SURROGATES[0] - 1), (_SURROGATES[1] + 1, MAX_UNICODE)])
+
+
+def encode_ranges(ranges: Ranges, rest: Node | None = None) -> Node | None:
+    """One JSON string character (raw or escaped) whose decoded scalar lies in `ranges`
+    (sorted, merged, without surrogates); None when the ranges are empty. `rest` stands for
+    `NOT_PLAIN` (usually a shared rule) when the ranges include all of it."""
+    if rest is not None and _covers(ranges, _ESCAPABLE):
+        plain = _intersect(ranges, 0x20, 0x7E)
+        raw = [r for lo, hi in ((0x20, 0x21), (0x23, 0x5B), (0x5D, 0x7E)) for r in _intersect(tuple(plain), lo, hi)]
+        return choice(CharClass(tuple(raw)), rest) if raw else rest
+    alts = [a for a in (_raw_part(ranges), escape_part(ranges)) if a is not None]
+    return choice(*alts) if alts else None
+
+
+PLAIN = CharClass(((0x20, 0x21), (0x23, 0x5B), (0x5D, 0x7E)))
+# Every character spelling except printable ASCII: raw non-ASCII (UTF-8) and all escapes.
+NOT_PLAIN = choice(CharClass(((0x7F, MAX_UNICODE),)), escape_part(ALL))
 
 
 def encode_text(text: str) -> Node:
@@ -364,7 +429,7 @@ def encode_text(text: str) -> Node:
         if plain:
             parts.append(Literal(bytes(plain)))
             plain.clear()
-        node = encode_ranges([(code, code)])
+        node = encode_ranges(((code, code),))
         if node is None:  # a lone surrogate in the schema itself
             raise ValueError(f"string contains a lone surrogate U+{code:04X}")
         parts.append(node)
@@ -373,25 +438,31 @@ def encode_text(text: str) -> Node:
     return seq(*parts)
 
 
-def encode_node(node: Node) -> Node | None:
+def encode_node(node: Node, encode_class: Callable[[Ranges], Node | None] = encode_ranges,
+                ) -> Node | None:
     """Map a character-level IR node (a regular expression over characters) to the IR of its
-    JSON spellings. None when it matches nothing."""
+    JSON spellings; None when it matches nothing. `encode_class` spells one character class
+    (the emitter passes one that shares big classes as rules); a `Ref` names a rule that is
+    spelled separately and is kept as is."""
+    if isinstance(node, Ref):  # a rule spelled separately
+        return node
     if isinstance(node, Literal):
         return encode_text(node.data.decode("utf-8"))
     if isinstance(node, (CharClass, ByteClass)):
-        return encode_ranges(class_ranges(node))
+        return encode_class(tuple(class_ranges(node)))
     if isinstance(node, Seq):
-        items = [encode_node(i) for i in node.items]
+        items = [encode_node(i, encode_class) for i in node.items]
         return None if any(i is None for i in items) else seq(*items)
     if isinstance(node, Choice):
-        alts = [a for a in (encode_node(a) for a in node.alts) if a is not None]
+        alts = [a for a in (encode_node(a, encode_class) for a in node.alts) if a is not None]
         return choice(*alts) if alts else None
     if isinstance(node, Repeat):
-        item = encode_node(node.item)
+        item = encode_node(node.item, encode_class)
         if item is None:
             return EMPTY if node.min == 0 else None
         return Repeat(item, node.min, node.max)
     raise ValueError(f"{type(node).__name__} is not a character-level regular expression")
+
 
 
 def string_literal(text: str) -> Node:

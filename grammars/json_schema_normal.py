@@ -195,15 +195,16 @@ class Algebra:
             if x == y:
                 return [x]
             return [RefAtom(("and", *sorted({*_ref_parts(x), *_ref_parts(y)})))]
-        if isinstance(y, RefAtom):
-            x, y = y, x
-        if isinstance(x, RefAtom):
+        if isinstance(x, RefAtom) or isinstance(y, RefAtom):
+            ref, other = (x, y) if isinstance(x, RefAtom) else (y, x)
             try:
-                content = self.expand_ref(x)
+                content = self.expand_ref(ref)
             except PendingRef:
-                self.stored.append(Schema((y,)))
-                return [RefAtom(("with", x.key, len(self.stored) - 1))]
-            return list(self.intersect(content, Schema((y,))).atoms)
+                self.stored.append(Schema((other,)))
+                return [RefAtom(("with", ref.key, len(self.stored) - 1))]
+            # Keep the operands' order: object rules (and so property order) follow it.
+            pair = (content, Schema((y,))) if ref is x else (Schema((x,)), content)
+            return list(self.intersect(*pair).atoms)
         if isinstance(y, ConstAtom):
             x, y = y, x
         if isinstance(x, ConstAtom):

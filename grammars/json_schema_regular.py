@@ -11,7 +11,9 @@ blow up compile time.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from pegmask.grammars.ir import (
     EMPTY,
@@ -21,6 +23,7 @@ from pegmask.grammars.ir import (
     Choice,
     Literal,
     Node,
+    Ref,
     Repeat,
     Seq,
     seq,
@@ -29,7 +32,10 @@ from pegmask.grammars.program import char_class_scalar_ranges
 
 MAX_NFA_STATES = 20_000
 MAX_DFA_STATES = 2_000
-MAX_NODE_SIZE = 20_000
+MAX_NODE_SIZE = 4_000
+MAX_NODE_DEPTH = 120
+MAX_COUNTER_STATES = 400  # a pattern times a length counter, tried as one regular expression
+MAX_RULE_DEPTH = 100  # the most nested rule calls a language spelled as rules may need
 
 Ranges = tuple[tuple[int, int], ...]
 Edges = tuple[tuple[int, int, int], ...]  # sorted (lo, hi, target), covering 0..MAX_UNICODE
@@ -149,8 +155,8 @@ class CharDFA:
     def is_empty(self) -> bool:
         return not any(self.accepting[s] for s in self._reachable())
 
-    def is_universal(self) -> bool:
-        return all(self.accepting[s] for s in self._reachable())
+    def equivalent(self, other: CharDFA) -> bool:
+        return self.difference(other).is_empty() and other.difference(self).is_empty()
 
     def _reachable(self) -> set[int]:
         seen = {0}
@@ -163,9 +169,6 @@ class CharDFA:
         return seen
 
     # ----------------------------------------------------------------- operations
-    def complement(self) -> CharDFA:
-        return CharDFA(self.trans, [not a for a in self.accepting])
-
     def intersect(self, other: CharDFA) -> CharDFA:
         return _product(self, other, lambda a, b: a and b)
 
@@ -245,7 +248,53 @@ class CharDFA:
                 edges[(s, t)] = CharClass(tuple(ranges))
             if self.accepting[s]:
                 edges[(s, final)] = EMPTY
-        return _eliminate(edges, sorted(live), start, final, max_size)
+        node = _eliminate(edges, sorted(live), start, final, max_size)
+        if _depth(node) > MAX_NODE_DEPTH:
+            raise RegularTooLarge("regular language nests too deeply to express")
+        return node
+
+    def to_rules(self, name: Callable[[tuple], str]) -> tuple[Node, dict[str, Node]] | None:
+        """The language as right-recursive rules, one per state (`name(("s", state))` names
+        them): exact for any DFA, but each character costs a call, so this is for languages
+        whose words are short (see `longest_word`). None when the language is empty."""
+        live = self._live()
+        if 0 not in live:
+            return None
+        rules: dict[str, Node] = {}
+        for s in live:
+            by_target: dict[int, list[tuple[int, int]]] = {}
+            for lo, hi, t in self.trans[s]:
+                if t in live:
+                    by_target.setdefault(t, []).append((lo, hi))
+            alts: list[Node] = [seq(CharClass(tuple(r)), Ref(name(("s", t))))
+                                for t, r in by_target.items()]
+            if self.accepting[s]:
+                alts.append(EMPTY)
+            rules[name(("s", s))] = Choice(tuple(alts)) if len(alts) > 1 else alts[0]
+        return Ref(name(("s", 0))), rules
+
+    def longest_word(self) -> int | None:
+        """Length of the longest word (None when words can be arbitrarily long)."""
+        live = self._live()
+        if 0 not in live:
+            return 0
+        succ = {s: {t for _, _, t in self.trans[s] if t in live} for s in live}
+        indegree = dict.fromkeys(live, 0)
+        for targets in succ.values():
+            for t in targets:
+                indegree[t] += 1
+        order = [s for s in live if indegree[s] == 0]
+        for s in order:  # Kahn's algorithm: the list grows while it is walked
+            for t in succ[s]:
+                indegree[t] -= 1
+                if indegree[t] == 0:
+                    order.append(t)
+        if len(order) != len(live):
+            return None  # a cycle: unbounded
+        longest = dict.fromkeys(live, 0)
+        for s in reversed(order):
+            longest[s] = max((longest[t] + 1 for t in succ[s]), default=0)
+        return longest[0]
 
     def _live(self) -> set[int]:
         """States reachable from the start that can reach an accepting state."""
@@ -373,7 +422,7 @@ def _eliminate(edges: dict[tuple[int, int], Node], states: list[int], start: int
     for i, j in edges:
         out.setdefault(i, set()).add(j)
         inc.setdefault(j, set()).add(i)
-    sizes: dict[int, int] = {}
+    sizes: dict[int, tuple[Node, int]] = {}
     remaining = set(states)
     while remaining:
         k = min(remaining, key=lambda s: (len(inc.get(s, ())) * len(out.get(s, ())), s))
@@ -431,10 +480,26 @@ def _union(a: Node, b: Node) -> Node:
     return Repeat(result, 0, 1) if nullable else result
 
 
-def _size(node: Node, memo: dict[int, int]) -> int:
-    key = id(node)
-    if key in memo:
-        return memo[key]
+def _depth(node: Node) -> int:
+    best = 0
+    stack = [(node, 1)]
+    while stack:
+        current, depth = stack.pop()
+        best = max(best, depth)
+        if isinstance(current, Seq):
+            stack.extend((i, depth + 1) for i in current.items)
+        elif isinstance(current, Choice):
+            stack.extend((a, depth + 1) for a in current.alts)
+        elif isinstance(current, Repeat):
+            stack.append((current.item, depth + 1))
+    return best
+
+
+def _size(node: Node, memo: dict[int, tuple[Node, int]]) -> int:
+    """IR node count (shared subtrees counted at each use, as the compiler expands them)."""
+    hit = memo.get(id(node))
+    if hit is not None and hit[0] is node:
+        return hit[1]
     if isinstance(node, Seq):
         size = 1 + sum(_size(i, memo) for i in node.items)
     elif isinstance(node, Choice):
@@ -443,14 +508,14 @@ def _size(node: Node, memo: dict[int, int]) -> int:
         size = 1 + _size(node.item, memo)
     else:
         size = 1
-    memo[key] = size
+    memo[id(node)] = (node, size)
     return size
 
 
-def restrict_length(node: Node, lo: int, hi: int | None) -> Node | None:
+def restrict_length(node: Node, lo: int, hi: int | None) -> Node | Bounded | None:
     """`node`'s words of `lo`..`hi` characters, rewritten in place where the structure allows
     (a repetition of a fixed-length item, or a sequence with one variable part); otherwise
-    through a DFA with a character counter. None when no word fits."""
+    left to `Bounded`. None when no word fits."""
     n_lo, n_hi = node_length_bounds(node)
     if n_lo >= lo and (hi is None or (n_hi is not None and n_hi <= hi)):
         return node
@@ -473,38 +538,160 @@ def restrict_length(node: Node, lo: int, hi: int | None) -> Node | None:
             fixed = sum(a for i, (a, _) in enumerate(bounds) if i != v)
             inner = restrict_length(node.items[v], max(0, lo - fixed),
                                     None if hi is None else hi - fixed)
-            if inner is None:
-                return None
-            return Seq(node.items[:v] + (inner,) + node.items[v + 1:])
+            if inner is None or isinstance(inner, Node):
+                return None if inner is None else Seq(node.items[:v] + (inner,) + node.items[v + 1:])
     if isinstance(node, Choice):
-        alts = [a for a in (restrict_length(alt, lo, hi) for alt in node.alts) if a is not None]
-        return Choice(tuple(alts)) if len(alts) > 1 else alts[0] if alts else None
-    return CharDFA.from_node(node).with_length(lo, hi).to_node()
+        alts = [restrict_length(alt, lo, hi) for alt in node.alts]
+        if all(isinstance(a, Node) or a is None for a in alts):
+            kept = [a for a in alts if a is not None]
+            return Choice(tuple(kept)) if len(kept) > 1 else kept[0] if kept else None
+    return Bounded(CharDFA.from_node(node), lo, hi)
+
+
+@dataclass(eq=False)
+class Bounded:
+    """The words of `dfa` with `lo` to `hi` characters (`hi` None: no upper bound)."""
+
+    dfa: CharDFA
+    lo: int = 0
+    hi: int | None = None
+
+    def intersect(self, other: Bounded) -> Bounded:
+        his = [h for h in (self.hi, other.hi) if h is not None]
+        return Bounded(self.dfa.intersect(other.dfa), max(self.lo, other.lo), min(his) if his else None)
+
+
+Language = Node | Bounded  # a character-level regular language
+
+
+def language_ir(language: Language, name: Callable[[tuple], str]) -> tuple[Node, dict[str, Node]] | None:
+    """Character-level IR for a language: a node, plus rules (named by `name(key)`) when a DFA
+    has no compact regular expression. Tried in order: the node itself; state elimination,
+    then the length bounds applied to the result's structure; a counter product; rules.
+    Raises `RegularTooLarge` when nothing fits the caps; None when the language is empty."""
+    if isinstance(language, Node):
+        return language, {}
+    dfa, lo, hi = language.dfa, language.lo, language.hi
+    if hi is not None and lo > hi:
+        return None
+    try:
+        node = dfa.to_node()
+    except RegularTooLarge:
+        pass
+    else:
+        if node is None:
+            return None
+        restricted = restrict_length(node, lo, hi) if lo or hi is not None else node
+        if not isinstance(restricted, Bounded):
+            return None if restricted is None else (restricted, {})
+    if lo or hi is not None:
+        if len(dfa) * ((hi if hi is not None else lo) + 2) <= MAX_COUNTER_STATES or hi is None:
+            try:
+                return dfa.with_length(lo, hi).to_node(), {}
+            except RegularTooLarge:
+                if hi is None:
+                    raise
+        if 2 * math.isqrt(hi) + 2 > MAX_RULE_DEPTH:
+            raise RegularTooLarge("length bound too large to combine with this pattern")
+        return _bounded_rules(dfa, lo, hi, name)
+    longest = dfa.longest_word()
+    if longest is None or longest > MAX_RULE_DEPTH:
+        raise RegularTooLarge("regular language too large to express")
+    return dfa.to_rules(name)
+
+
+def _bounded_rules(dfa: CharDFA, lo: int, hi: int, name: Callable[[tuple], str],
+                   ) -> tuple[Node, dict[str, Node]] | None:
+    """Words of lo..hi characters as rules with about 2*sqrt(hi) nested calls: blocks of B
+    characters (each a rule chain from a state to a guessed end state, checked at the block's
+    end), a chain of blocks, and a shorter tail."""
+    block = max(1, math.isqrt(hi))
+    live = dfa._live()
+    rules: dict[str, Node] = {}
+    made: dict[tuple, Node | None] = {}
+
+    def targets(state: int) -> list[tuple[Node, int]]:
+        by_target: dict[int, list[tuple[int, int]]] = {}
+        for a, b, t in dfa.trans[state]:
+            if t in live:
+                by_target.setdefault(t, []).append((a, b))
+        return [(CharClass(tuple(r)), t) for t, r in by_target.items()]
+
+    def rule(key: tuple, build: Callable[[], list[Node]]) -> Node | None:
+        if key not in made:
+            made[key] = None  # rules here are never re-entered before they are built
+            alts = build()
+            if alts:
+                rules[name(key)] = Choice(tuple(alts)) if len(alts) > 1 else alts[0]
+                made[key] = Ref(name(key))
+        return made[key]
+
+    def exact(n: int, state: int, end: int) -> Node | None:
+        def build() -> list[Node]:
+            if n == 0:
+                return [EMPTY] if state == end else []
+            return [seq(cls, sub) for cls, t in targets(state)
+                    if (sub := exact(n - 1, t, end)) is not None]
+        return rule(("x", n, state, end), build)
+
+    def tail(state: int, low: int, high: int) -> Node | None:
+        def build() -> list[Node]:
+            alts: list[Node] = [EMPTY] if low == 0 and dfa.accepting[state] else []
+            if high > 0:
+                alts += [seq(cls, sub) for cls, t in targets(state)
+                         if (sub := tail(t, max(low - 1, 0), high - 1)) is not None]
+            return alts
+        return rule(("t", state, low, high), build)
+
+    def chain(state: int, done: int) -> Node | None:
+        def build() -> list[Node]:
+            alts: list[Node] = []
+            if hi - done >= 0:
+                end_tail = tail(state, max(0, lo - done), min(block - 1, hi - done))
+                if end_tail is not None:
+                    alts.append(end_tail)
+            if done + block <= hi:
+                for end in live:
+                    first = exact(block, state, end)
+                    rest = chain(end, done + block) if first is not None else None
+                    if rest is not None:
+                        alts.append(seq(first, rest))
+            return alts
+        return rule(("c", state, done), build)
+
+    start = chain(0, 0) if 0 in live else None
+    return None if start is None else (start, rules)
 
 
 def not_in_node(words: Iterable[str]) -> Node:
-    """All strings except `words`, built from their trie (linear in the words' size)."""
+    """All strings except `words`, from their trie: a string either leaves the trie (a trie
+    path, one character no word continues with, then anything) or stops at a trie node that
+    ends no word. Linear in the words' size, with one shared "anything" tail."""
     trie: dict = {}
     for word in words:
         level = trie
         for char in word:
             level = level.setdefault(char, {})
         level[""] = {}
-    anything = Repeat(CharClass(((0, MAX_UNICODE),)), 0, None)
 
-    def build(level: dict) -> Node:
-        alts: list[Node] = []
-        if "" not in level:
-            alts.append(EMPTY)
+    def leave(level: dict) -> Node:
         chars = sorted(ord(c) for c in level if c)
-        if chars:
-            alts.append(seq(CharClass(tuple((c, c) for c in chars), negated=True), anything))
-        else:
-            alts.append(seq(CharClass(((0, MAX_UNICODE),)), anything))
-        alts += [seq(Literal.of(char), build(level[char])) for char in sorted(c for c in level if c)]
+        alts: list[Node] = [CharClass(tuple((c, c) for c in chars), negated=True)]
+        alts += [seq(Literal.of(chr(c)), leave(level[chr(c)])) for c in chars]
         return Choice(tuple(alts)) if len(alts) > 1 else alts[0]
 
-    return build(trie)
+    def stop(level: dict) -> Node | None:
+        alts: list[Node] = [] if "" in level else [EMPTY]
+        for char in sorted(c for c in level if c):
+            sub = stop(level[char])
+            if sub is not None:
+                alts.append(seq(Literal.of(char), sub))
+        return None if not alts else Choice(tuple(alts)) if len(alts) > 1 else alts[0]
+
+    anything = Repeat(CharClass(((0, MAX_UNICODE),)), 0, None)
+    stops = stop(trie)
+    leaving = seq(leave(trie), anything)
+    return leaving if stops is None else Choice((leaving, stops))
 
 
 def node_length_bounds(node: Node) -> tuple[int, int | None]:

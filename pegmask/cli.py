@@ -265,30 +265,16 @@ def _run_batch(args: argparse.Namespace, _: list[str]) -> int:
                     positions.append((i, chat))
                 except InvalidRequestError as exc:
                     answers[i] = error_body(str(exc), exc.param)
-            if requests:
-                try:
-                    results = engine.generate_batch(requests)
-                except InvalidRequestError:
-                    results = [_one(engine, request) for request in requests]
-                for (i, chat), result in zip(positions, results, strict=True):
-                    answers[i] = (result if isinstance(result, dict) else
-                                  completion_response(result, engine.model_name, chat=chat))
+            results = engine.generate_batch(requests, return_errors=True) if requests else []
+            for (i, chat), result in zip(positions, results, strict=True):
+                answers[i] = (error_body(str(result), result.param)
+                              if isinstance(result, InvalidRequestError) else
+                              completion_response(result, engine.model_name, chat=chat))
             for line, answer in zip(chunk, answers, strict=True):
                 failed += "error" in answer
                 out.write(json.dumps(_batch_line(line, answer), ensure_ascii=False) + "\n")
     print(f"{len(lines)} requests, {failed} failed -> {args.output}", file=sys.stderr)
     return 1 if failed else 0
-
-
-def _one(engine: Any, request: dict[str, Any]) -> Any:
-    """One request of a batch that failed as a whole: its own result or error."""
-    from pegmask.engine.requests import InvalidRequestError
-    from pegmask.engine.server import error_body
-
-    try:
-        return engine.generate_batch([request])[0]
-    except InvalidRequestError as exc:
-        return error_body(str(exc), exc.param)
 
 
 def _batch_line(line: Any, answer: dict[str, Any]) -> dict[str, Any]:
