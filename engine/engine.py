@@ -124,16 +124,33 @@ class Engine:
         self,
         prompt_or_messages: str | Sequence[Mapping[str, Any]],
         *,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        top_k: int | None = None,
+        seed: int | None = None,
+        stop: str | Sequence[str] | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        tool_choice: str | Mapping[str, Any] | None = None,
+        parallel_tool_calls: bool | None = None,
+        response_format: Mapping[str, Any] | None = None,
+        grammar: Grammar | str | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
         stream: bool = False,
-        **options: Any,
     ) -> GenerationResult | GenerationStream:
         """Generate for a completion prompt (a string) or a chat (a list of messages).
 
-        Options: max_tokens, temperature, top_p, top_k, seed, stop, tools, tool_choice,
-        parallel_tool_calls, response_format, grammar, chat_template_kwargs (see
-        `pegmask.engine.requests.build_request`). With `stream=True`, a `GenerationStream`.
+        A completion's grammar (`grammar`, or `response_format`) constrains its whole output;
+        a chat's goes through the dialect with the tools. Defaults: max_tokens 512,
+        temperature 1, no top-p / top-k. With `stream=True`, a `GenerationStream` of deltas.
+        Bad requests raise `InvalidRequestError` (a ValueError) before anything is decoded.
         """
-        request = build_request(prompt_or_messages, **options)
+        request = build_request(
+            prompt_or_messages, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+            top_k=top_k, seed=seed, stop=stop, tools=tools, tool_choice=tool_choice,
+            parallel_tool_calls=parallel_tool_calls, response_format=response_format,
+            grammar=grammar, chat_template_kwargs=chat_template_kwargs,
+        )
         row = start_rows(self.backend, self.vocab, [self.prepare(request)])[0]
         if stream:
             return GenerationStream(self, row, request.is_chat)

@@ -104,7 +104,8 @@ async def _complete(engine: Engine, model: str, body: Any, *, chat: bool) -> Any
         return completion_response(result, model, chat=chat)
     # Validation and preparation happen here, so errors are still a 400, not a broken stream.
     deltas = await run_in_threadpool(engine.generate, source, stream=True, **options)
-    include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+    stream_options = body.get("stream_options") or {}
+    include_usage = isinstance(stream_options, dict) and bool(stream_options.get("include_usage"))
     events = _sse(deltas, model, chat=chat, include_usage=include_usage)
     return StreamingResponse(events, media_type="text/event-stream")
 

@@ -580,7 +580,8 @@ class Lowering:
         raise UnsupportedSchemaError("not", pointer, f"cannot negate {', '.join(group)}")
 
     def _excluding(self, values: list[Any], pointer: str) -> Schema:
-        """Everything except the given constants (strings, null, booleans only)."""
+        """Everything except the given constants (not arrays or objects): numbers become the
+        open intervals between the excluded values."""
         atoms: list = []
         for atom in ANY.atoms:
             kind = [v for v in values if self.algebra.accepts(Schema((atom,)), v)]
@@ -590,8 +591,13 @@ class Lowering:
                 atoms.append(StringAtom(excluded=tuple(kind)))
             elif isinstance(atom, BoolAtom):
                 atoms.extend(ConstAtom.of(b) for b in (True, False) if b not in kind)
+            elif isinstance(atom, NumberAtom):
+                cuts: list[Decimal | None] = [None, *sorted({to_decimal(v) for v in kind}), None]
+                atoms += [NumberAtom(minimum=a, exclusive_minimum=a is not None,
+                                     maximum=b, exclusive_maximum=b is not None)
+                          for a, b in zip(cuts, cuts[1:], strict=False)]
             elif not isinstance(atom, NullAtom):
-                raise UnsupportedSchemaError("not", pointer, "excluding numbers, arrays or objects")
+                raise UnsupportedSchemaError("not", pointer, "excluding arrays or objects")
         return Schema(tuple(atoms))
 
 

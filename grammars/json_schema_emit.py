@@ -103,6 +103,7 @@ class Emitter:
         self._any_order_budget = ANY_ORDER_BUDGET
         self._classes: dict[tuple[tuple[int, int], ...], Node | None] = {}
         self._repeats: dict[tuple[Node, int, int], Node] = {}
+        self._sizes: dict[int, tuple[Node, int]] = {}  # instruction counts by node identity
         self.ws = self.shared("ws", lambda: Repeat(_WS, 0, max_whitespace)) if max_whitespace else EMPTY
         self.sep = seq(self.ws, Literal(b","), self.ws)
         self.colon = seq(self.ws, Literal(b":"), self.ws)
@@ -131,7 +132,7 @@ class Emitter:
 
     def share(self, node: Node) -> Node:
         """`node` itself when small, else a rule for it (so copies cost one call each)."""
-        if _instructions([node]) <= _SMALL:
+        if _instructions([node], self._sizes) <= _SMALL:
             return node
         name = self.new_name("n")
         self.rules[name] = node
@@ -155,7 +156,7 @@ class Emitter:
             root, self.rules = _prune(root, self.rules)
         if root is None or _is_never(root):
             raise SchemaError("the schema accepts no value")
-        size = _instructions([root, *self.rules.values()])
+        size = _instructions([root, *self.rules.values()], self._sizes)
         if size > DEFAULT_MAX_INSTRUCTIONS:
             raise SchemaError(f"schema too large: about {size} grammar instructions "
                               f"(the compiler's limit is {DEFAULT_MAX_INSTRUCTIONS})")
@@ -405,7 +406,7 @@ class Emitter:
         """item{lo,hi}; a rule made once per (item, lo, hi) unless it is tiny."""
         if hi == 0:
             return EMPTY
-        if _instructions([item]) * hi <= _SMALL:
+        if _instructions([item], self._sizes) * hi <= _SMALL:
             return Repeat(item, lo, hi)
         key = (item, lo, hi)
         if key not in self._repeats:
@@ -690,9 +691,10 @@ def _is_never(node: Node) -> bool:
     return isinstance(node, Choice) and not node.alts
 
 
-def _instructions(nodes: list[Node]) -> int:
-    """How many instructions the compiler will emit for `nodes` (mirrors `program._Compiler`)."""
-    memo: dict[int, tuple[Node, int]] = {}
+def _instructions(nodes: list[Node], memo: dict[int, tuple[Node, int]] | None = None) -> int:
+    """How many instructions the compiler will emit for `nodes` (mirrors `program._Compiler`).
+    `memo` (by node identity, node kept alive) may be shared between calls."""
+    memo = {} if memo is None else memo
 
     def size(node: Node) -> int:
         hit = memo.get(id(node))

@@ -147,25 +147,29 @@ def _is_json(text: str) -> bool:
     return True
 
 
-def _run_matrix(engine: Engine, cases: list[tuple], seeds: list[int]) -> None:
-    requests, checks = [], []
+def _matrix(cases: list[tuple], seeds: list[int], parallel: list[tuple]) -> list[tuple]:
+    """(request, kind, allowed tools) for every case and seed: required with one call,
+    a named tool, "none"; and required with parallel calls for the `parallel` cases."""
+    out = []
     for seed in seeds:
         for case in cases:
             offered, named = case[1], case[2]
-            requests.append(_request(case, seed, tool_choice="required"))
-            checks.append(("required", offered))
-            requests.append(_request(case, seed, tool_choice="required",
-                                     parallel_tool_calls=False))
-            checks.append(("single", offered))
-            requests.append(_request(case, seed, parallel_tool_calls=False, tool_choice={
-                "type": "function", "function": {"name": named}}))
-            checks.append(("named", [named]))
-            requests.append(_request(case, seed, tool_choice="none", max_tokens=16))
-            checks.append(("none", []))
+            out.append((_request(case, seed, tool_choice="required", parallel_tool_calls=False),
+                        "single", offered))
+            out.append((_request(case, seed, parallel_tool_calls=False, tool_choice={
+                "type": "function", "function": {"name": named}}), "named", [named]))
+            out.append((_request(case, seed, tool_choice="none", max_tokens=12), "none", []))
+        for case in parallel:
+            out.append((_request(case, seed, tool_choice="required", max_tokens=100),
+                        "required", case[1]))
+    return out
+
+
+def _run_matrix(engine: Engine, matrix: list[tuple], batch: int) -> None:
     results = []
-    for start in range(0, len(requests), 12):
-        results += engine.generate_batch(requests[start : start + 12])
-    for (kind, allowed), result in zip(checks, results, strict=True):
+    for start in range(0, len(matrix), batch):
+        results += engine.generate_batch([request for request, _, _ in matrix[start:start + batch]])
+    for (_, kind, allowed), result in zip(matrix, results, strict=True):
         calls = result.message["tool_calls"]
         if kind == "none":
             assert calls == [] and result.finish_reason in ("stop", "length")
@@ -177,22 +181,24 @@ def _run_matrix(engine: Engine, cases: list[tuple], seeds: list[int]) -> None:
                 calls = calls[:-1]
         else:
             assert result.finish_reason == "tool_calls", result.text
-        assert len(calls) == 1 if kind in ("single", "named") else len(calls) >= 1, result.text
+        assert len(calls) == 1 if kind != "required" else len(calls) >= 1, result.text
         _check_calls(calls, allowed)
 
 
 def test_tool_choice_subset(engine: Engine) -> None:
-    _run_matrix(engine, [CASES[i] for i in SUBSET], seeds=[0])
+    cases = [CASES[i] for i in SUBSET]
+    _run_matrix(engine, _matrix(cases, seeds=[0], parallel=cases[:2]), batch=len(cases) * 3 + 2)
 
 
 @pytest.mark.slow
 def test_tool_choice_full_matrix(engine: Engine) -> None:
     assert len(CASES) >= 20
-    _run_matrix(engine, CASES, seeds=[1, 2, 3])
+    _run_matrix(engine, _matrix(CASES, seeds=[1, 2, 3], parallel=CASES), batch=16)
 
 
 def test_tool_call_streams_like_non_streamed(engine: Engine) -> None:
-    request = _request(CASES[2], seed=5, tool_choice="required", parallel_tool_calls=False)
+    request = _request(CASES[3], seed=5, tool_choice="required", parallel_tool_calls=False,
+                       max_tokens=80)
     messages = request.pop("messages")
     whole = engine.generate(messages, **request)
     deltas = list(engine.generate(messages, stream=True, **request))

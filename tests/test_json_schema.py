@@ -127,6 +127,17 @@ def test_property_order() -> None:
     assert not accepts(many, '{"z":1,"a":1}')
 
 
+def test_schema_order_follows_the_text() -> None:
+    """Properties from $ref / allOf / oneOf come where the schema writes them."""
+    base = {"definitions": {"base": {"properties": {"id": {"type": "integer"}}, "required": ["id"]}}}
+    before = {**base, "type": "object", "allOf": [{"$ref": "#/definitions/base"}],
+              "properties": {"name": {"type": "string"}}, "required": ["name"]}
+    assert accepts(before, '{"id":1,"name":"x"}') and not accepts(before, '{"name":"x","id":1}')
+    after = {**base, "type": "object", "properties": {"name": {"type": "string"}},
+             "required": ["name"], "oneOf": [{"$ref": "#/definitions/base"}]}
+    assert accepts(after, '{"name":"x","id":1}') and not accepts(after, '{"id":1,"name":"x"}')
+
+
 def test_pattern_properties() -> None:
     schema = {"type": "object", "patternProperties": {"^x-": {"type": "string"}},
               "properties": {"x-named": {"type": "integer"}}}
@@ -242,7 +253,8 @@ PATTERNS = ["^[a-c]+$", "a.c", "^(ab|c)*$", "[0-9]{2,}", "^a|c$", "^[^a]*b"]
 def test_pattern_with_lengths_agrees_with_re(pattern: str, low: int, span: int, text: str) -> None:
     schema = {"pattern": pattern, "minLength": low, "maxLength": low + span}
     grammar = _grammar_cache(json.dumps(schema))
-    expected = re.search(pattern, text) is not None and low <= len(text) <= low + span
+    # ECMAScript `$` matches only at the very end; Python's also before a final newline.
+    expected = re.search(pattern.replace("$", r"\Z"), text) is not None and low <= len(text) <= low + span
     assert grammar.matches("12") and grammar.matches("[]")  # only strings are constrained
     for spelling in spellings(text):
         assert grammar.matches(spelling) == expected, (schema, spelling)
@@ -338,6 +350,8 @@ def test_oneof_is_compiled_as_anyof() -> None:
 def test_not() -> None:
     check({"not": {"type": "string"}}, [1, None, {}], ["a"])
     check({"type": "string", "not": {"enum": ["a", "b"]}}, ["c", "ab", ""], ["a", "b"])
+    check({"type": "integer", "not": {"enum": [1, 3.0]}}, [0, 2, 4, -1], [1, 3])
+    check({"not": {"const": 2.5}}, [2.4, 2.51, "x", None], [2.5])
     check({"type": "string", "not": {"pattern": "^x"}}, ["ax", ""], ["x", "xyz"])
     check({"type": "object", "not": {"required": ["a"]}}, [{}, {"b": 1}], [{"a": 1}])
     check({"not": {"minimum": 3}}, [2, -0.5], [3, 4, "x"])
@@ -421,6 +435,8 @@ def test_unsatisfiable_and_circular_schemas() -> None:
     with pytest.raises(SchemaError):
         Grammar.from_json_schema({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
                                   "$ref": "#/$defs/a"})
+    with pytest.raises(SchemaError):  # a schema that is one of its own alternatives
+        Grammar.from_json_schema({"anyOf": [{"$ref": "#"}, {"type": "string"}]})
     with pytest.raises(UnsupportedSchemaError) as info:
         Grammar.from_json_schema({"$ref": "https://example.com/other.json"})
     assert info.value.keyword == "$ref"
