@@ -261,17 +261,17 @@ def property_orders(schema: Any) -> list[list[str]]:
 
 
 def schema_ordered(instance: Any, orders: list[list[str]]) -> Any:
-    """`instance` with each object's keys in the order the schema declares them (first
-    declaration among the `properties` lists sharing a key with it), unknown keys last: a
-    valid instance refused only for its key order is accepted like this."""
+    """`instance` with each object's keys in the order the schema declares them, unknown keys
+    last: a valid instance refused only for its key order is accepted like this. The order is
+    that of the `properties` list sharing most keys with the object, then of the others sharing
+    some (document order), a guess that is right unless subschemas reuse property names."""
     if isinstance(instance, list):
         return [schema_ordered(item, orders) for item in instance]
     if not isinstance(instance, dict):
         return instance
     rank: dict[str, int] = {}
-    for order in orders:
-        if not set(order) & set(instance):
-            continue
+    overlapping = [o for o in orders if set(o) & set(instance)]
+    for order in sorted(overlapping, key=lambda o: -len(set(o) & set(instance))):
         for key in order:
             rank.setdefault(key, len(rank))
     keys = sorted(instance, key=lambda k: (k not in rank, rank.get(k, 0)))

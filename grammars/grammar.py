@@ -40,7 +40,8 @@ class Grammar:
         """
         if isinstance(schema, str):
             schema = json.loads(schema)
-        node = JsonSchema(json.dumps(schema), tuple(sorted(options.items())))
+        hashable = {k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}
+        node = JsonSchema(json.dumps(schema), tuple(sorted(hashable.items())))
         return cls(GrammarIR({"root": node})).compile()
 
     @classmethod
