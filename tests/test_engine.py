@@ -236,3 +236,8 @@ def test_detect_dialect_rejects_unknown_templates() -> None:
         detect_dialect("{{ messages }}")
     with pytest.raises(ValueError):
         detect_dialect(None)
+
+
+# Model-heavy battery: several minutes on 2 cores, run with `pytest -m slow`; CI runs
+# tests/test_engine_smoke.py instead.
+pytestmark = pytest.mark.slow

@@ -219,3 +219,8 @@ def test_tools_reach_the_prompt(engine: Engine) -> None:
     assert prompt.startswith("<|im_start|>system\n")
     assert '"name": "get_weather"' in prompt and "<tool_call>" in prompt
     assert prompt.endswith("<|im_start|>assistant\n")
+
+
+# Model-heavy battery: several minutes on 2 cores, run with `pytest -m slow`; CI runs
+# tests/test_engine_smoke.py instead.
+pytestmark = pytest.mark.slow
