@@ -160,9 +160,11 @@ class RowSpec:
 
 @dataclass
 class DecodeStats:
-    """Where the time went, summed over steps (for the benchmark and logs)."""
+    """Where the time went (for the benchmark and logs). A step samples one token per row;
+    `forward_s` is the decode forwards, the prompts' forward is `prefill_s`."""
 
     steps: int = 0
+    prefill_s: float = 0.0
     forward_s: float = 0.0
     mask_s: float = 0.0
     sample_s: float = 0.0
@@ -314,6 +316,8 @@ def decode_rows(
     bitmask = allocate_token_bitmask(len(rows), backend.logits_width)
     start = time.perf_counter()
     state, logits = backend.prefill([row.pending for row in rows])
+    stats.prefill_s += time.perf_counter() - start
+    start = time.perf_counter()
     while True:
         masked = time.perf_counter()
         need = {slot for slot, i in enumerate(active) if _fill(rows[i], bitmask, slot)}

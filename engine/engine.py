@@ -52,7 +52,10 @@ class GenerationResult:
 class GenerationStream:
     """Iterator of OpenAI deltas for one request (`{"text": ...}` pieces for a completion;
     `{"role": "assistant"}` then content / reasoning / tool-call deltas for a chat). Once it is
-    exhausted, `result` holds the same `GenerationResult` a non-streamed call returns."""
+    exhausted, `result` holds the same `GenerationResult` a non-streamed call returns.
+
+    While it runs it holds the engine (one decode at a time): iterate it to the end, or
+    `close()` it to give up."""
 
     def __init__(self, engine: Engine, row: Row, is_chat: bool):
         self._engine = engine
@@ -66,6 +69,9 @@ class GenerationStream:
 
     def __next__(self) -> Delta:
         return next(self._deltas)
+
+    def close(self) -> None:
+        self._deltas.close()
 
     @property
     def finish_reason(self) -> str | None:

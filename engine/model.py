@@ -100,10 +100,6 @@ class ModelBackend:
         return self.path.stem if self.path.is_file() else self.path.name
 
     @property
-    def gguf_path(self) -> Path | None:
-        return self.path if self.path.is_file() else None
-
-    @property
     def chat_template(self) -> str | None:
         return getattr(self.tokenizer, "chat_template", None)
 

@@ -28,7 +28,7 @@ DEFAULT_MAX_TOKENS = 512
 LEGACY_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 GRAMMAR_FORMATS = ("regex", "grammar", "choice")
 _SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "seed", "stop")
-_CHAT_FIELDS = ("tools", "tool_choice", "parallel_tool_calls", "response_format", "grammar")
+_SHAPE_FIELDS = ("tools", "tool_choice", "parallel_tool_calls", "response_format", "grammar")
 # Fields that would change the response's shape in ways this server does not implement, with
 # the values that mean "off".
 _UNSUPPORTED = {"n": (None, 1), "logprobs": (None, False, 0), "top_logprobs": (None, 0),
@@ -155,7 +155,7 @@ def openai_request(body: Any, *, chat: bool) -> tuple[Any, dict[str, Any]]:
         options["max_tokens"] = max_tokens
     elif not chat:
         options["max_tokens"] = LEGACY_COMPLETION_MAX_TOKENS
-    options.update({name: body[name] for name in _CHAT_FIELDS if body.get(name) is not None})
+    options.update({name: body[name] for name in _SHAPE_FIELDS if body.get(name) is not None})
     if not chat:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1:
@@ -165,7 +165,10 @@ def openai_request(body: Any, *, chat: bool) -> tuple[Any, dict[str, Any]]:
         return prompt, options
     if "messages" not in body:
         raise InvalidRequestError("messages is required", "messages")
-    kwargs = dict(body.get("chat_template_kwargs") or {})
+    kwargs = body.get("chat_template_kwargs") or {}
+    if not isinstance(kwargs, Mapping):
+        raise InvalidRequestError("chat_template_kwargs must be an object", "chat_template_kwargs")
+    kwargs = dict(kwargs)
     if body.get("reasoning_effort") is not None:
         kwargs.setdefault("reasoning_effort", body["reasoning_effort"])
     if kwargs:

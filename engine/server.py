@@ -138,6 +138,8 @@ def _sse(stream: GenerationStream, model: str, *, chat: bool,
             yield chunk([], usage=result.usage)
     except Exception as exc:  # noqa: BLE001 - the stream has started: report, then end it
         yield f"data: {json.dumps(error_body(str(exc), kind='server_error'))}\n\n"
+    finally:
+        stream.close()  # a client that went away frees the engine
     yield "data: [DONE]\n\n"
 
 
