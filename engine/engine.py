@@ -8,7 +8,6 @@ cause surfaces there, as an `InvalidRequestError`; decoding itself does not rais
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import threading
@@ -31,7 +30,6 @@ from pegmask.engine.model import ModelBackend, load_backend
 from pegmask.engine.requests import GenerationRequest, InvalidRequestError, build_request
 from pegmask.grammars import Grammar
 from pegmask.grammars.automaton import CompiledGrammar, GrammarCompiler
-from pegmask.grammars.ir import GrammarIR, Literal, Node, Special, children
 from pegmask.grammars.vocab import Vocabulary
 
 _TOOLS_VARIABLE = re.compile(r"\btools\b")
@@ -250,8 +248,7 @@ class Engine:
     def compiled(self, grammar: Grammar, param: str = "grammar") -> CompiledGrammar:
         """`grammar` bound to this model's vocabulary (cached by the compiler; compile errors
         become `InvalidRequestError`s about `param`)."""
-        bound = bind_specials(grammar, self.vocab)
-        return self._checked(lambda: self._compiler.compile(bound), param)
+        return self._checked(lambda: self._compiler.compile(grammar), param)
 
     @staticmethod
     def _checked(build: Any, param: str) -> Any:
@@ -314,37 +311,3 @@ def dialect_options(name: str, template: str | None) -> dict[str, Any]:
 def renders_tools(template: str | None) -> bool:
     """Whether a chat template reads the `tools` variable at all."""
     return bool(template and _TOOLS_VARIABLE.search(template))
-
-
-# --------------------------------------------------------------------------- grammars
-def bind_specials(grammar: Grammar, vocab: Vocabulary) -> Grammar:
-    """`grammar` with every special token the vocabulary lacks written as its spelling.
-
-    A model without `<tool_call>` in its vocabulary (SmolLM2) writes it as text; keeping the
-    special would make tool calls impossible to produce. The parser and the automaton both run
-    from the rewritten grammar, so they still agree.
-    """
-    missing = {name for name in grammar.ir.specials if name not in vocab.special_ids}
-    if not missing:
-        return grammar
-    memo: dict[Node, Node] = {}
-
-    def rewrite(node: Node) -> Node:
-        done = memo.get(node)
-        if done is not None:
-            return done
-        if isinstance(node, Special) and node.name in missing:
-            result: Node = Literal.of(node.name)
-        elif not children(node):
-            result = node
-        elif hasattr(node, "item"):
-            result = dataclasses.replace(node, item=rewrite(node.item))
-        else:
-            field = "items" if hasattr(node, "items") else "alts"
-            result = dataclasses.replace(node, **{field: tuple(map(rewrite, children(node)))})
-        memo[node] = result
-        return result
-
-    ir = grammar.ir
-    rules = {name: rewrite(node) for name, node in ir.rules.items()}
-    return Grammar(GrammarIR(rules, ir.start), max_instructions=grammar.max_instructions)

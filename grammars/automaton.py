@@ -12,6 +12,7 @@ byte transitions are memoized in a dense table, so that:
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -21,6 +22,7 @@ import numpy as np
 from pegmask.grammars.grammar import Grammar
 from pegmask.grammars.program import BYTE, SPECIAL, SPECIAL_BASE, Program
 from pegmask.grammars.runtime import DEFAULT_MAX_DEPTH, Runtime
+from pegmask.grammars.spelling import Lexeme, spelled_specials
 from pegmask.grammars.token_trie import PLAIN_ASCII, PLAIN_MULTIBYTE, TokenTrie, token_trie
 from pegmask.kernels.bitmask import pack_bool_mask
 
@@ -64,22 +66,32 @@ class CompiledGrammar:
         self.vocab = vocab
         self.program = grammar.program
         self.runtime = Runtime(self.program, max_depth)
-        self.trie: TokenTrie = token_trie(vocab)
-        self.words = (vocab.size + 31) // 32
-        # Special tokens the grammar uses, by vocabulary id -> program symbol.
+        # Special tokens the grammar uses, by vocabulary id -> program symbol; those the
+        # vocabulary lacks are read from their spelling in the bytes of ordinary tokens.
         self.special_symbol: dict[int, int] = {}
         for name in self.program.specials:
             token_id = vocab.special_ids.get(name)
             if token_id is not None:
                 self.special_symbol[token_id] = self.program.special_symbol(name)
+        self.lexer = spelled_specials(self.program, vocab)
+        self._split = functools.lru_cache(maxsize=None)(self.lexer.split)
+        self._plain_ascii = tuple(b for b in PLAIN_ASCII if b not in self.lexer.first_bytes)
+        self.trie: TokenTrie = token_trie(vocab, self.lexer.first_bytes)
+        self.words = (vocab.size + 31) // 32
         stops = vocab.eos_ids if stop_token_ids is None else tuple(stop_token_ids)
         self.stop_ids = tuple(t for t in stops if t not in self.special_symbol)
         # Configuration store: id -> threads; key -> id; accepting flags; byte transitions
         # (as Python rows for scalar lookups and mirrored in a numpy table for vector walks).
+        # With spelled specials, a configuration may also hold back bytes that can still
+        # become a special token: `_held[c]` (b"" for most) after the threads of `_base[c]`;
+        # such configurations have no threads of their own.
         self._threads: list[list[tuple[int, int, Any]]] = [[]]
         self._ids: dict[tuple, int] = {(): DEAD}
         self._accepting: list[bool] = [False]
         self._rows: list[list[int] | None] = [[DEAD] * 256]
+        self._thread_rows: list[list[int] | None] = [[DEAD] * 256]
+        self._held: list[bytes] = [b""]
+        self._base: list[int] = [DEAD]
         self._table = np.full((64, 256), UNKNOWN, dtype=np.int32)
         self._table[DEAD] = DEAD
         self._special_next: dict[tuple[int, int], int] = {}
@@ -99,16 +111,75 @@ class CompiledGrammar:
         key = (accepting, *sorted([(pc, stack) for pc, stack, _ in threads]))
         config = self._ids.get(key)
         if config is None:
-            config = len(self._threads)
-            self._ids[key] = config
-            self._threads.append(threads)
-            self._accepting.append(accepting)
-            self._rows.append(None)
-            if config >= len(self._table):
-                grown = np.full((len(self._table) * 2, 256), UNKNOWN, dtype=np.int32)
-                grown[: len(self._table)] = self._table
-                self._table = grown
+            config = self._ids[key] = self._new_config(threads, accepting, b"")
         return config
+
+    def _new_config(self, threads: list[tuple[int, int, Any]], accepting: bool, held: bytes,
+                    base: int | None = None) -> int:
+        config = len(self._threads)
+        self._threads.append(threads)
+        self._accepting.append(accepting)
+        self._rows.append(None)
+        self._thread_rows.append(None)
+        self._held.append(held)
+        self._base.append(config if base is None else base)
+        if config >= len(self._table):
+            grown = np.full((len(self._table) * 2, 256), UNKNOWN, dtype=np.int32)
+            grown[: len(self._table)] = self._table
+            self._table = grown
+        return config
+
+    def _holding(self, base: int, held: bytes) -> int:
+        """The configuration of `base`'s threads with `held` (a proper prefix of a special's
+        spelling) held back; DEAD when no continuation of it is in the language."""
+        key = ("held", base, held)
+        config = self._ids.get(key)
+        if config is None:
+            if self._held_is_alive(base, held):
+                flushed = self._thread_walk(base, held)
+                config = self._new_config([], self._accepting[flushed], held, base)
+            else:
+                config = DEAD
+            self._ids[key] = config
+        return config
+
+    def _held_is_alive(self, base: int, held: bytes) -> bool:
+        """Whether some input completes `held` after `base` (a search over the held-back
+        configurations it reaches, which are few: spellings are short).
+
+        Every continuation either completes a spelling that `held` starts, or reads `held[0]`
+        as a plain byte; those two checks decide most cases without the search.
+        """
+        for spelling, symbol in self.lexer.spellings.items():
+            if (spelling.startswith(held) and self._split(spelling)[0][0][0] == symbol
+                    and self._thread_step(base, symbol) != DEAD):
+                return True
+        if self._thread_step(base, held[0]) == DEAD:
+            return False
+        seen: set[tuple[int, bytes]] = set()
+        todo = [(base, held)]
+        while todo:
+            base, held = todo.pop()
+            if (base, held) in seen:
+                continue
+            seen.add((base, held))
+            flushed = self._thread_walk(base, held)  # the input ends, or a special token comes
+            if flushed != DEAD and (self._accepting[flushed] or any(
+                    self._thread_step(flushed, s) != DEAD for s in self.special_symbol.values())):
+                return True
+            for byte in range(256):
+                lexemes, rest = self._split(held + bytes((byte,)))
+                nxt = self._thread_walk(base, lexemes)
+                if nxt == DEAD:
+                    continue
+                if not rest:
+                    return True
+                known = self._ids.get(("held", nxt, rest))
+                if known is None:
+                    todo.append((nxt, rest))
+                elif known != DEAD:
+                    return True
+        return False
 
     def _intern_closure(self, seeds: list[tuple[int, int, Any]]) -> int:
         """Configuration of the closure of `seeds`; memoized, since many byte steps of
@@ -121,12 +192,32 @@ class CompiledGrammar:
         return config
 
     def _row(self, config: int) -> list[int]:
-        """All 256 byte transitions of `config`, computed on first use.
+        """All 256 byte transitions of `config` (through the spelled-specials lexer, if the
+        grammar has any), computed on first use."""
+        row = self._rows[config]
+        if row is not None:
+            return row
+        held = self._held[config]
+        if held:
+            base, split, walk = self._base[config], self._split, self._after_lexemes
+            row = [walk(base, *split(held + bytes((byte,)))) for byte in range(256)]
+        else:
+            row = self._thread_row(config)
+            if self.lexer:
+                row = row.copy()
+                for byte in self.lexer.first_bytes:
+                    row[byte] = self._after_lexemes(config, *self._split(bytes((byte,))))
+        self._rows[config] = row
+        self._table[config] = row
+        return row
+
+    def _thread_row(self, config: int) -> list[int]:
+        """The 256 byte transitions of a configuration's threads, read as plain bytes.
 
         Bytes accepted by the same subset of threads lead to the same configuration, so the
         runtime steps once per distinct subset (a handful), not once per byte.
         """
-        row = self._rows[config]
+        row = self._thread_rows[config]
         if row is not None:
             return row
         program, accepted = self.program, self._accepted_bytes
@@ -153,21 +244,45 @@ class CompiledGrammar:
                 nxt = self._intern_closure(seeds)
                 for byte in group:
                     row[byte] = nxt
-        self._rows[config] = row
-        self._table[config] = row
+        self._thread_rows[config] = row
+        if not self.lexer:
+            self._rows[config] = row
+            self._table[config] = row
         return row
 
-    def next_state(self, config: int, symbol: int) -> int:
-        """Configuration after consuming one symbol (byte or special symbol)."""
+    def _thread_step(self, config: int, symbol: int) -> int:
+        """The threads of `config` after one symbol, read as such (no lexing)."""
+        if config == DEAD:
+            return DEAD
         if symbol < SPECIAL_BASE:
-            return self._row(config)[symbol]
+            return self._thread_row(config)[symbol]
         key = (config, symbol)
         nxt = self._special_next.get(key)
         if nxt is None:
             threads, matched = self.runtime.step(self._threads[config], symbol, 0, False)
-            nxt = self._intern(threads, bool(matched))
-            self._special_next[key] = nxt
+            nxt = self._special_next[key] = self._intern(threads, bool(matched))
         return nxt
+
+    def _thread_walk(self, config: int, symbols: Iterable[int] | Iterable[Lexeme]) -> int:
+        """`_thread_step` over several symbols (bytes, or lexemes)."""
+        for symbol in symbols:
+            config = self._thread_step(config, symbol if isinstance(symbol, int) else symbol[0])
+            if config == DEAD:
+                break
+        return config
+
+    def _after_lexemes(self, base: int, lexemes: tuple[Lexeme, ...], held: bytes) -> int:
+        nxt = self._thread_walk(base, lexemes)
+        return self._holding(nxt, held) if held and nxt != DEAD else nxt
+
+    def next_state(self, config: int, symbol: int) -> int:
+        """Configuration after consuming one symbol (byte or special symbol). Bytes held back
+        before a special token are plain bytes."""
+        if symbol < SPECIAL_BASE:
+            return self._row(config)[symbol]
+        if self._held[config]:
+            config = self._thread_walk(self._base[config], self._held[config])
+        return self._thread_step(config, symbol)
 
     def state_after_token(self, config: int, token_id: int) -> int:
         """Configuration after a whole token (DEAD if the token is not allowed)."""
@@ -187,12 +302,18 @@ class CompiledGrammar:
         return self._accepting[config]
 
     def can_continue(self, config: int) -> bool:
-        return bool(self._threads[config])
+        return bool(self._threads[config]) or bool(self._held[config])
 
     def forced_bytes(self, config: int) -> bytes | None:
         """The single byte every continuation must start with, or None."""
         if self._accepting[config]:
             return None
+        if self.lexer:  # read off the lexed transitions
+            if any(self.next_state(config, s) != DEAD for s in self.special_symbol.values()):
+                return None
+            row = self._row(config)
+            live = [byte for byte in range(256) if row[byte] != DEAD]
+            return bytes(live) if len(live) == 1 else None
         kind = self.program.kind
         allowed: set[int] = set()
         for pc, _, _ in self._threads[config]:
@@ -244,7 +365,7 @@ class CompiledGrammar:
         if known is not None:
             return known
         row = self._row(config)
-        result = all(row[b] == config for b in PLAIN_ASCII)
+        result = not self._held[config] and all(row[b] == config for b in self._plain_ascii)
         if result:
             for sequence in PLAIN_MULTIBYTE:
                 states = {config}

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from pegmask.grammars.errors import ParseError
 from pegmask.grammars.program import CLOSE, OPEN, SPECIAL_BASE, Program
 from pegmask.grammars.runtime import Log, Runtime, Thread
+from pegmask.grammars.spelling import Lexeme, SpellingLexer, spelled_specials
 
 if TYPE_CHECKING:
     from pegmask.grammars.vocab import Vocabulary
@@ -82,8 +83,9 @@ class StreamParser:
     def __init__(self, program: Program, runtime: Runtime | None = None):
         self.program = program
         self.runtime = runtime or Runtime(program)
-        self._specials = {name.encode(): SPECIAL_BASE + i for i, name in enumerate(program.specials)}
-        self._max_special = max((len(s) for s in self._specials), default=0)
+        self._text_lexer = SpellingLexer(
+            {name.encode(): SPECIAL_BASE + i for i, name in enumerate(program.specials)})
+        self._token_lexer: tuple[Vocabulary, SpellingLexer] | None = None
         self.reset()
 
     def reset(self) -> None:
@@ -126,23 +128,7 @@ class StreamParser:
         return self.feed_bytes(text.encode("utf-8"))
 
     def feed_bytes(self, data: bytes) -> list[Event]:
-        data = self._pending + data
-        self._pending = b""
-        symbols: list[tuple[int, bytes]] = []
-        i, n = 0, len(data)
-        while i < n:
-            matched = self._match_special(data, i)
-            if matched is None:  # may be the start of a special token: hold it back
-                self._pending = data[i:]
-                break
-            if matched:
-                spelling, symbol = matched
-                symbols.append((symbol, spelling))
-                i += len(spelling)
-            else:
-                symbols.append((data[i], data[i : i + 1]))
-                i += 1
-        return self._consume(symbols)
+        return self._consume(self._lex(self._text_lexer, data))
 
     def feed_symbols(self, symbols: Iterable[int]) -> list[Event]:
         """Feed program symbols directly (bytes 0-255, 256+ special tokens)."""
@@ -155,25 +141,28 @@ class StreamParser:
         return self._consume(pairs)
 
     def feed_tokens(self, token_ids: Iterable[int], vocab: Vocabulary) -> list[Event]:
-        """Feed token ids: special tokens by id, ordinary tokens by their exact bytes."""
-        pairs: list[tuple[int, bytes]] = []
+        """Feed token ids: special tokens by id, ordinary tokens by their exact bytes. A special
+        token of the grammar that `vocab` lacks is read from its spelling in those bytes (see
+        `pegmask.grammars.spelling`), as the token automaton reads it."""
+        if self._token_lexer is None or self._token_lexer[0] is not vocab:
+            self._token_lexer = (vocab, spelled_specials(self.program, vocab))
+        lexer = self._token_lexer[1]
+        pairs: list[Lexeme] = []
         for token_id in token_ids:
             data = vocab.token_bytes[token_id]
             if data is None:
+                pairs.extend(self._flush())
                 name = vocab.special_names.get(token_id, f"<special {token_id}>")
                 symbol = self.program.special_symbol(name)
                 pairs.append((-1 if symbol is None else symbol, name.encode()))
             else:
-                pairs.extend((b, bytes((b,))) for b in data)
+                pairs.extend(self._lex(lexer, data))
         return self._consume(pairs)
 
     def finish(self) -> list[Event]:
         """End of input: flush held-back text and emit the remaining events of the chosen
         (highest-priority) complete derivation. Raises ParseError if the input is incomplete."""
-        events: list[Event] = []
-        if self._pending:
-            pending, self._pending = self._pending, b""
-            events = self._consume([(b, bytes((b,))) for b in pending])
+        events = self._consume(self._flush()) if self._pending else []
         self._raise_if_failed()
         if not self._matched:
             self._error = ParseError("unexpected end of input", len(self._buffer))
@@ -189,24 +178,20 @@ class StreamParser:
         return build_result(bytes(self._buffer), self._matched[0], self.program.tags)
 
     # ----------------------------------------------------------------- internals
-    def _match_special(self, data: bytes, i: int) -> tuple[bytes, int] | None | bool:
-        """(spelling, symbol) if a special token starts at i; None if the data ends inside a
-        possible spelling; False otherwise."""
-        if not self._specials:
-            return False
-        window = data[i : i + self._max_special]
-        for spelling, symbol in self._specials.items():
-            if window.startswith(spelling):
-                return spelling, symbol
-        if len(window) < self._max_special and any(s.startswith(window) for s in self._specials):
-            return None
-        return False
+    def _lex(self, lexer: SpellingLexer, data: bytes) -> tuple[Lexeme, ...]:
+        """Lexemes of the held-back bytes plus `data`; what may start a spelling is held back."""
+        lexemes, self._pending = lexer.split(self._pending + data)
+        return lexemes
+
+    def _flush(self) -> tuple[Lexeme, ...]:
+        held, self._pending = self._pending, b""
+        return SpellingLexer.flush(held)
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:
             raise self._error
 
-    def _consume(self, symbols: list[tuple[int, bytes]]) -> list[Event]:
+    def _consume(self, symbols: Iterable[Lexeme]) -> list[Event]:
         self._raise_if_failed()
         if self._finished:
             raise ParseError("input after finish()", len(self._buffer))

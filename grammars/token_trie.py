@@ -8,6 +8,7 @@ kills all tokens below it at once.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import weakref
 from dataclasses import dataclass
@@ -79,16 +80,25 @@ class TokenTrie:
 _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def token_trie(vocab: Vocabulary) -> TokenTrie:
-    """The trie of `vocab`'s ordinary (non-empty, non-special) tokens, built once per vocab."""
-    trie = _CACHE.get(vocab)
+def token_trie(vocab: Vocabulary, not_plain: frozenset[int] = frozenset()) -> TokenTrie:
+    """The trie of `vocab`'s ordinary (non-empty, non-special) tokens, built once per vocab.
+
+    `not_plain`: bytes that do not count as plain text (those that may start a special token's
+    spelling, which never loops back inside text); the plain / rest split is made once per set.
+    """
+    tries = _CACHE.setdefault(vocab, {})
+    trie = tries.get(not_plain)
     if trie is None:
-        plain = [data is not None and is_plain_text(data) for data in vocab.token_bytes]
+        excluded = bytes(sorted(not_plain))
+        plain = [data is not None and is_plain_text(data) and not any(b in data for b in excluded)
+                 for data in vocab.token_bytes]
         rest = build_token_trie([None if p else d for d, p in zip(vocab.token_bytes, plain, strict=False)])
-        trie = build_token_trie(
-            vocab.token_bytes, plain_tokens=np.flatnonzero(plain).astype(np.int64), rest=rest
-        )
-        _CACHE[vocab] = trie
+        plain_tokens = np.flatnonzero(plain).astype(np.int64)
+        if not_plain:  # the same trie, split differently
+            trie = dataclasses.replace(token_trie(vocab), plain_tokens=plain_tokens, rest=rest)
+        else:
+            trie = build_token_trie(vocab.token_bytes, plain_tokens=plain_tokens, rest=rest)
+        tries[not_plain] = trie
     return trie
 
 

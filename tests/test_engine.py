@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import re
-from pathlib import Path
 
 import jsonschema
 import pytest
@@ -14,13 +13,14 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from pegmask import Engine, Grammar  # noqa: E402
+from pegmask.bench.shared_data import JSONSCHEMA_DIR, TEMPLATES_DIR  # noqa: E402
 from pegmask.dialects import accumulate  # noqa: E402
 from pegmask.engine.decode import StopStrings  # noqa: E402
-from pegmask.engine.engine import bind_specials, detect_dialect, renders_tools  # noqa: E402
+from pegmask.engine.engine import detect_dialect, renders_tools  # noqa: E402
 from pegmask.engine.requests import InvalidRequestError, build_request  # noqa: E402
 
-SCHEMAS = Path("/work/shared/data/jsonschema")
-TEMPLATES = Path("/work/shared/data/templates")
+SCHEMAS = JSONSCHEMA_DIR
+TEMPLATES = TEMPLATES_DIR
 # Small real-world schemas (function-calling arguments) that a 135M model fills in time.
 SCHEMA_SAMPLE = [
     "BFCL_simple_11.json",
@@ -208,12 +208,17 @@ def test_completion_rejects_tools() -> None:
         build_request("")
 
 
-def test_missing_specials_become_text(engine: Engine) -> None:
-    grammar = Grammar.from_peg('root = token("<tool_call>") "x" token("<|im_end|>")')
-    bound = bind_specials(grammar, engine.vocab)
-    assert bound.ir.specials == ("<|im_end|>",)
-    assert bound.matches("<tool_call>x<|im_end|>")
-    assert bind_specials(Grammar.from_peg('root = "a"'), engine.vocab).ir.specials == ()
+def test_missing_specials_are_spelled_and_stay_atomic(engine: Engine) -> None:
+    # SmolLM2 has <|im_end|> but no <tool_call>: the model writes its spelling, which is the
+    # special token wherever it appears (so never free text), for the mask and the parser.
+    grammar = Grammar.from_peg('root = ([a-z<>_ ]* token("<tool_call>") "x")? token("<|im_end|>")')
+    compiled = engine.compiled(grammar)
+    assert compiled.lexer.spellings and "<|im_end|>" in engine.vocab.special_ids
+    matcher = compiled.matcher()
+    assert matcher.accept_tokens(engine.backend.encode("ab <tool_call>x"))
+    assert matcher.accept_token(engine.vocab.special_ids["<|im_end|>"])
+    matcher = compiled.matcher()  # the spelling cannot be text before the call
+    assert not matcher.accept_tokens(engine.backend.encode("<tool_call> <tool_call>x"))
 
 
 @pytest.mark.parametrize(("template", "dialect"), [
@@ -237,7 +242,3 @@ def test_detect_dialect_rejects_unknown_templates() -> None:
     with pytest.raises(ValueError):
         detect_dialect(None)
 
-
-# Model-heavy battery: several minutes on 2 cores, run with `pytest -m slow`; CI runs
-# tests/test_engine_smoke.py instead.
-pytestmark = pytest.mark.slow

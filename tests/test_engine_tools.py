@@ -8,7 +8,7 @@ guarantees holds for every sample, however weak the model.
 * parallel_tool_calls=False: exactly one call.
 
 The default run decodes a representative subset as a few batches; the full matrix (every
-prompt, several seeds) is marked slow.
+prompt, three seeds: about 7 minutes on 2 cores) is marked slow.
 """
 
 from __future__ import annotations
@@ -17,12 +17,16 @@ import json
 import os
 
 import jsonschema
+import numpy as np
 import pytest
+from test_dialect_base import call_summary
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from pegmask import Engine  # noqa: E402
-from pegmask.dialects import accumulate  # noqa: E402
+from pegmask.dialects import DialectStreamParser, accumulate  # noqa: E402
+from pegmask.engine.requests import build_request  # noqa: E402
+from pegmask.kernels import allocate_token_bitmask  # noqa: E402
 
 
 def _tool(name: str, description: str, properties: dict, required: list[str]) -> dict:
@@ -210,17 +214,40 @@ def test_tool_call_streams_like_non_streamed(engine: Engine) -> None:
     assert len(calls) > 2
 
 
+def test_auto_reads_the_spelled_tag_as_a_call(engine: Engine) -> None:
+    """SmolLM2 has no <tool_call> token, so under tool_choice "auto" it spells the tag; the
+    spelling starts a constrained call (it is never content), in the mask and the parser."""
+    chat = build_request([{"role": "user", "content": "hi"}], tools=[TOOLS["get_weather"]]).chat
+    compiled = engine.compiled(engine.dialect.grammar(chat))
+    text = ('Let me check. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}'
+            "\n</tool_call>")
+    ids = engine.backend.encode(text)
+    matcher = compiled.matcher()
+    bitmask = allocate_token_bitmask(1, engine.vocab.size)
+    written = b""
+    for token in ids:
+        matcher.fill_next_token_bitmask(bitmask)
+        if written.endswith(b"<tool_call>\n"):  # inside the call: framing whitespace, then `{`
+            bits = np.unpackbits(bitmask[0].numpy().view(np.uint8), bitorder="little")
+            for allowed in np.flatnonzero(bits[: engine.vocab.size]):
+                assert engine.vocab.token_bytes[allowed].lstrip()[:1] in (b"", b"{")
+        assert bitmask[0, token // 32] >> (token % 32) & 1 and matcher.accept_token(token)
+        written += engine.vocab.token_bytes[token]
+    assert matcher.accept_token(engine.vocab.special_ids["<|im_end|>"])
+    parser = DialectStreamParser(compiled.grammar, chat, engine.vocab, trusted=True)
+    parser.feed_tokens(ids)
+    parser.finish()
+    assert parser.message["content"] == "Let me check."
+    assert call_summary(parser.message) == [("get_weather", {"city": "Paris"})]
+    # The spelled tag cannot be free text: once written, only a call follows.
+    assert not compiled.matcher().accept_tokens(engine.backend.encode("<tool_call> is a tag"))
+
+
 def test_tools_reach_the_prompt(engine: Engine) -> None:
     """SmolLM2's template ignores tools, so the Hermes tools system prompt carries them."""
-    from pegmask.engine.requests import build_request
-
     request = build_request([{"role": "user", "content": "hi"}], tools=[TOOLS["get_weather"]])
     prompt = engine.render(request)
     assert prompt.startswith("<|im_start|>system\n")
     assert '"name": "get_weather"' in prompt and "<tool_call>" in prompt
     assert prompt.endswith("<|im_start|>assistant\n")
 
-
-# Model-heavy battery: several minutes on 2 cores, run with `pytest -m slow`; CI runs
-# tests/test_engine_smoke.py instead.
-pytestmark = pytest.mark.slow

@@ -174,7 +174,3 @@ def test_cli_run_batch(tmp_path, client: TestClient) -> None:
     assert second["response"]["body"]["choices"][0]["message"]["content"] in ("red", "blue")
     assert third["error"]["param"] == "messages"
 
-
-# Model-heavy battery: several minutes on 2 cores, run with `pytest -m slow`; CI runs
-# tests/test_engine_smoke.py instead.
-pytestmark = pytest.mark.slow
