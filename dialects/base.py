@@ -275,9 +275,8 @@ class Dialect:
             "tools": {name: request.tool_schemas[name] for name in request.allowed_tools},
             "min": request.min_calls,
             "max": request.max_calls,
-            "response": request.response_schema,
         }
-        return (True, reasoning, json.dumps(shape, sort_keys=True))
+        return (True, reasoning, json.dumps(shape, sort_keys=True), request.response_grammar)
 
     # ----------------------------------------------------------------- output side
     def stream_parser(self, request: ChatRequest | None = None, vocab: Vocabulary | None = None,
@@ -412,7 +411,7 @@ class TurnDialect(Dialect):
         (`implicit_reasoning_end`).
         """
         reasoning = self.reasoning_mode(request)
-        schema = request.response_schema if strict else None
+        schema = request.response_grammar if strict else None
         if strict:
             end = "think_close ws body"
             answer = "@content:json(response) ws" if schema is not None else "@content:text ws"

@@ -60,7 +60,7 @@ class HarmonyDialect(Dialect):
             if request.response_schema is None:
                 thoughts.append("preamble")
             else:
-                schemas["response"] = request.response_schema
+                schemas["response"] = request.response_grammar
                 values["final_body"] = "json(response)"
             values["prelude"] = "thoughts" if thoughts else '""'
             values["thought"] = " | ".join(thoughts) if thoughts else "analysis"  # then unused

@@ -5,7 +5,7 @@ tool calls are forced (`tool_choice`), whether several calls may come at once
 (`parallel_tool_calls`), whether the model reasons first (from `chat_template_kwargs`) and
 whether the answer must be JSON (`response_format`). Dialects read only the derived views
 (`tool_schemas`, `allowed_tools`, `min_calls`, `max_calls`, `response_schema`,
-`reasoning_enabled`), so every dialect interprets a request the same way.
+`response_grammar`, `reasoning_enabled`), so every dialect interprets a request the same way.
 
 Public API (stable; other dialects and the engine build on it)::
 
@@ -18,6 +18,7 @@ Public API (stable; other dialects and the engine build on it)::
     req.min_calls          -> 1 for "required" / a named tool, else 0
     req.max_calls          -> 0 if no call can start, 1 without parallel calls, None = unbounded
     req.response_schema    -> the JSON Schema the answer must follow, or None
+    req.response_grammar   -> the same as a grammar node for json(...) (strict mode applied)
     req.reasoning_enabled(default) -> bool | None   (None: detect from the output)
 
 Invalid requests raise `RequestError` (a ValueError) at construction.
@@ -28,12 +29,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from pegmask.grammars.ir import JsonSchema, json_schema_node
+
 ToolChoice = str | dict[str, Any]
 
 
 class RequestError(ValueError):
     """The request is inconsistent (unknown named tool, `required` without tools, a malformed
-    tool or response_format); servers map it to HTTP 400."""
+    tool or response_format); servers map it to HTTP 400 naming `param`, the field at fault."""
+
+    def __init__(self, message: str, param: str):
+        super().__init__(message)
+        self.param = param
 
 
 @dataclass
@@ -52,10 +59,11 @@ class ChatRequest:
         self._schemas = _tool_schemas(self.tools)
         self._named = _named_tool(self.tool_choice)
         if self._named is not None and self._named not in self._schemas:
-            raise RequestError(f"tool_choice names {self._named!r}, which is not among the tools")
+            raise RequestError(f"tool_choice names {self._named!r}, which is not among the tools",
+                               "tool_choice")
         if self.tool_choice == "required" and not self._schemas:
-            raise RequestError('tool_choice "required" needs at least one tool')
-        self._response_schema = _response_schema(self.response_format)
+            raise RequestError('tool_choice "required" needs at least one tool', "tool_choice")
+        self._response_schema, self._response_strict = _response_schema(self.response_format)
 
     @classmethod
     def from_openai(cls, body: dict[str, Any]) -> ChatRequest:
@@ -108,6 +116,14 @@ class ChatRequest:
         """The JSON Schema the answer text must follow (`json_object` means any object)."""
         return self._response_schema
 
+    @property
+    def response_grammar(self) -> JsonSchema | None:
+        """The answer's schema as a grammar node for `json(...)`: with `"strict": true`, objects
+        take no properties beyond the declared ones (OpenAI's strict mode)."""
+        if self._response_schema is None:
+            return None
+        return json_schema_node(self._response_schema, strict=self._response_strict)
+
     def reasoning_enabled(self, default: bool | None = True) -> bool | None:
         """Whether the model reasons before answering.
 
@@ -130,20 +146,20 @@ def _tool_schemas(tools: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     schemas: dict[str, dict[str, Any]] = {}
     for i, tool in enumerate(tools):
         if not isinstance(tool, dict):
-            raise RequestError(f"tools[{i}] is not an object")
+            raise RequestError(f"tools[{i}] is not an object", "tools")
         if tool.get("type", "function") != "function":
-            raise RequestError(f"tools[{i}]: only function tools are supported")
+            raise RequestError(f"tools[{i}]: only function tools are supported", "tools")
         function = tool.get("function", tool)
         name = function.get("name") if isinstance(function, dict) else None
         if not isinstance(name, str) or not name:
-            raise RequestError(f"tools[{i}] has no function name")
+            raise RequestError(f"tools[{i}] has no function name", "tools")
         if name in schemas:
-            raise RequestError(f"tool {name!r} is declared twice")
+            raise RequestError(f"tool {name!r} is declared twice", "tools")
         parameters = function.get("parameters")
         if parameters is None:
             parameters = {"type": "object", "properties": {}}
         if not isinstance(parameters, dict):
-            raise RequestError(f"tool {name!r}: parameters must be a JSON Schema object")
+            raise RequestError(f"tool {name!r}: parameters must be a JSON Schema object", "tools")
         schemas[name] = parameters
     return schemas
 
@@ -152,32 +168,40 @@ def _named_tool(tool_choice: ToolChoice) -> str | None:
     if isinstance(tool_choice, str):
         if tool_choice not in ("auto", "required", "none"):
             raise RequestError(f"tool_choice must be auto, required, none or a function, "
-                               f"not {tool_choice!r}")
+                               f"not {tool_choice!r}", "tool_choice")
         return None
     if isinstance(tool_choice, dict):
         function = tool_choice.get("function")
         name = function.get("name") if isinstance(function, dict) else tool_choice.get("name")
         if tool_choice.get("type", "function") == "function" and isinstance(name, str):
             return name
-    raise RequestError(f"malformed tool_choice: {tool_choice!r}")
+    raise RequestError(f"malformed tool_choice: {tool_choice!r}", "tool_choice")
 
 
-def _response_schema(response_format: dict[str, Any] | None) -> dict[str, Any] | bool | None:
+def _response_schema(
+        response_format: dict[str, Any] | None) -> tuple[dict[str, Any] | bool | None, bool]:
+    """The answer's schema (None: free text) and whether it is strict."""
     if response_format is None:
-        return None
+        return None, False
     if not isinstance(response_format, dict):
-        raise RequestError("response_format must be an object")
+        raise RequestError("response_format must be an object", "response_format")
     kind = response_format.get("type")
     if kind == "text":
-        return None
+        return None, False
     if kind == "json_object":
-        return {"type": "object"}
+        return {"type": "object"}, False
     if kind == "json_schema":
         spec = response_format.get("json_schema")
         if not isinstance(spec, dict):
-            raise RequestError('response_format "json_schema" needs a json_schema object')
+            raise RequestError('response_format "json_schema" needs a json_schema object',
+                               "response_format")
         schema = spec.get("schema", {})
         if not isinstance(schema, (dict, bool)):
-            raise RequestError("response_format json_schema.schema must be a JSON Schema")
-        return schema
-    raise RequestError(f"unsupported response_format type {kind!r}")
+            raise RequestError("response_format json_schema.schema must be a JSON Schema",
+                               "response_format")
+        strict = spec.get("strict", False)
+        if not isinstance(strict, bool):
+            raise RequestError("response_format json_schema.strict must be a boolean",
+                               "response_format")
+        return schema, strict
+    raise RequestError(f"unsupported response_format type {kind!r}", "response_format")

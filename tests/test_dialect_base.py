@@ -235,19 +235,20 @@ def test_request_views():
     assert ChatRequest().max_calls == 0  # auto without tools: no call can start
 
 
-@pytest.mark.parametrize("kwargs", [
-    {"tool_choice": "required"},
-    {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
-    {"tools": TOOLS, "tool_choice": "sometimes"},
-    {"tools": [WEATHER, WEATHER]},
-    {"tools": [{"type": "function", "function": {"description": "no name"}}]},
-    {"response_format": {"type": "xml"}},
-    {"response_format": {"type": "json_schema"}},
+@pytest.mark.parametrize(("kwargs", "param"), [
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+     "tool_choice"),
+    ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
+    ({"tools": [WEATHER, WEATHER]}, "tools"),
+    ({"tools": [{"type": "function", "function": {"description": "no name"}}]}, "tools"),
+    ({"response_format": {"type": "xml"}}, "response_format"),
+    ({"response_format": {"type": "json_schema"}}, "response_format"),
 ])
-def test_invalid_requests_raise_a_value_error(kwargs):
+def test_invalid_requests_raise_a_value_error(kwargs, param):
     with pytest.raises(RequestError) as info:
         ChatRequest(**kwargs)
-    assert isinstance(info.value, ValueError)
+    assert isinstance(info.value, ValueError) and info.value.param == param
 
 
 @pytest.mark.parametrize(("kwargs", "default", "expected"), [

@@ -24,8 +24,10 @@ from test_dialect_base import (
     message,
     without_ids,
 )
+from vocabularies import smollm2
 
-from pegmask.dialects import ChatRequest, accumulate, get_dialect
+from pegmask.bench.shared_data import TEMPLATES_DIR
+from pegmask.dialects import ChatRequest, RequestError, accumulate, get_dialect
 
 TOKYO = ("get_weather", '{"city": "Tokyo"}')
 OSAKA = ("get_weather", '{"city": "Osaka"}')
@@ -221,6 +223,27 @@ def test_response_format_constrains_the_answer():
     assert grammar.matches('{"answer": 42}<|im_end|>')
     assert not grammar.matches('{"answer": "42"}')
     assert not grammar.matches("The answer is 42.")
+    assert grammar.matches('{"answer": 42, "why": "it is"}')
+
+
+@pytest.mark.parametrize("dialect_name", ["hermes", "harmony", "dsml"])
+def test_strict_response_format_closes_objects(dialect_name):
+    """OpenAI's strict mode: no properties beyond the declared ones, at any depth."""
+    schema = {"type": "object", "properties": {"a": {"type": "object"}}}
+    texts = {"hermes": "{}", "harmony": "<|channel|>final<|message|>{}<|return|>",
+             "dsml": "{}"}
+    for strict in (False, True):
+        request = ChatRequest(response_format={"type": "json_schema", "json_schema": {
+            "name": "a", "schema": schema, "strict": strict}},
+            chat_template_kwargs={"enable_thinking": False, "reasoning_effort": "none"})
+        grammar = get_dialect(dialect_name).grammar(request)
+        for answer, closed_ok in (('{"a": {}}', True), ('{"a": {"b": 1}}', False),
+                                  ('{"a": {}, "c": 2}', False)):
+            text = texts[dialect_name].replace("{}", answer)
+            assert grammar.matches(text) == (closed_ok or not strict), (strict, text)
+    with pytest.raises(RequestError):
+        ChatRequest(response_format={"type": "json_schema", "json_schema": {
+            "schema": schema, "strict": "yes"}})
 
 
 def test_auto_is_free_text_until_the_trigger():
@@ -295,6 +318,18 @@ def test_sampling_under_the_mask_yields_valid_calls(dialect_name, parallel, choi
     assert_sampling_obeys(dialect, request, vocab, budget=160)
 
 
+@pytest.mark.parametrize(("choice", "parallel"), [(0, True), (1, True), (1, False), (2, False),
+                                                (3, False)])
+def test_sampling_on_a_vocabulary_that_spells_the_tags(choice, parallel):
+    """SmolLM2 has no <tool_call> / </tool_call> tokens: a model writes their spellings, which
+    are the tags all the same (never content), for the mask and the parser alike."""
+    vocab = smollm2()
+    assert "<tool_call>" not in vocab.special_ids
+    request = ChatRequest(tools=TOOLS, tool_choice=TOOL_CHOICES[choice],
+                          parallel_tool_calls=parallel)
+    assert_sampling_obeys(get_dialect("hermes", reasoning=False), request, vocab, budget=800)
+
+
 # --------------------------------------------------------------------------- streaming modes
 def test_trusted_streaming_releases_calls_as_they_are_written():
     request = ChatRequest(tools=TOOLS)
@@ -334,7 +369,7 @@ def test_render_uses_the_chat_template_or_the_native_renderer():
         "hermes", messages, tools, True)
     assert get_dialect("hermes").render(messages, tools, enable_thinking=False).endswith(
         "<think>\n\n</think>\n\n")
-    template = Path(__file__).parents[2] / "shared/data/templates/Qwen3.5-4B.jinja"
+    template = TEMPLATES_DIR / "Qwen3.5-4B.jinja"
     if template.exists():
         dialect = get_dialect("hermes-xml", chat_template=template.read_text())
         assert dialect.render(messages, tools).endswith("<|im_start|>assistant\n<think>\n")

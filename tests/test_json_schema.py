@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pegmask.bench.jsonschema_coverage import DATA_DIR, measure, schema_files
+from pegmask.bench.jsonschema_coverage import measure, schema_files
 from pegmask.grammars import Grammar, GrammarError, SchemaError, UnsupportedSchemaError
 from pegmask.grammars.json_schema import schema_to_rules
 

