@@ -88,8 +88,11 @@ class CompiledGrammar:
         self._threads: list[list[tuple[int, int, Any]]] = [[]]
         self._ids: dict[tuple, int] = {(): DEAD}
         self._accepting: list[bool] = [False]
-        self._rows: list[list[int] | None] = [[DEAD] * 256]
-        self._thread_rows: list[list[int] | None] = [[DEAD] * 256]
+        # Transitions are computed one byte at a time where a walk needs only a few (deep in
+        # the trie), a whole row at a time where it needs many; `_complete` marks whole rows.
+        self._rows: list[list[int]] = [[DEAD] * 256]
+        self._thread_rows: list[list[int]] = [self._rows[0]]
+        self._complete: list[bool] = [True]
         self._held: list[bytes] = [b""]
         self._base: list[int] = [DEAD]
         self._table = np.full((64, 256), UNKNOWN, dtype=np.int32)
@@ -98,6 +101,10 @@ class CompiledGrammar:
         self._closures: dict[tuple, int] = {}
         self._plain_loop: dict[int, bool] = {}
         self._accepted_bytes = _accepted_bytes(self.program)
+        never = bytes(256)
+        self._accept_tables = [table if kind == BYTE else never
+                               for kind, table in zip(self.program.kind, self.program.accept,
+                                                      strict=True)]
         self._masks: OrderedDict[int, tuple[np.ndarray, bool]] = OrderedDict()
         self._mask_cache_bytes = mask_cache_bytes
         threads, matched = self.runtime.initial()
@@ -119,8 +126,10 @@ class CompiledGrammar:
         config = len(self._threads)
         self._threads.append(threads)
         self._accepting.append(accepting)
-        self._rows.append(None)
-        self._thread_rows.append(None)
+        row = [UNKNOWN] * 256
+        self._rows.append(row)
+        self._thread_rows.append([UNKNOWN] * 256 if self.lexer else row)
+        self._complete.append(False)
         self._held.append(held)
         self._base.append(config if base is None else base)
         if config >= len(self._table):
@@ -195,21 +204,40 @@ class CompiledGrammar:
         """All 256 byte transitions of `config` (through the spelled-specials lexer, if the
         grammar has any), computed on first use."""
         row = self._rows[config]
-        if row is not None:
+        if self._complete[config]:
             return row
         held = self._held[config]
         if held:
             base, split, walk = self._base[config], self._split, self._after_lexemes
-            row = [walk(base, *split(held + bytes((byte,)))) for byte in range(256)]
+            row[:] = [walk(base, *split(held + bytes((byte,)))) for byte in range(256)]
+        elif self.lexer:
+            row[:] = self._thread_row(config)
+            for byte in self.lexer.first_bytes:
+                row[byte] = self._after_lexemes(config, *self._split(bytes((byte,))))
         else:
-            row = self._thread_row(config)
-            if self.lexer:
-                row = row.copy()
-                for byte in self.lexer.first_bytes:
-                    row[byte] = self._after_lexemes(config, *self._split(bytes((byte,))))
-        self._rows[config] = row
+            return self._thread_row(config)  # the same list
+        self._complete[config] = True
         self._table[config] = row
         return row
+
+    def _step(self, config: int, byte: int) -> int:
+        """One byte transition of `config` (`_row(config)[byte]` without the whole row)."""
+        row = self._rows[config]
+        nxt = row[byte]
+        if nxt != UNKNOWN:
+            return nxt
+        if not self.lexer:
+            return self._thread_byte(config, byte)  # fills this row
+        held = self._held[config]
+        if held:
+            nxt = self._after_lexemes(self._base[config], *self._split(held + bytes((byte,))))
+        elif byte in self.lexer.first_bytes:
+            nxt = self._after_lexemes(config, *self._split(bytes((byte,))))
+        else:
+            nxt = self._thread_byte(config, byte)
+        row[byte] = nxt
+        self._table[config, byte] = nxt
+        return nxt
 
     def _thread_row(self, config: int) -> list[int]:
         """The 256 byte transitions of a configuration's threads, read as plain bytes.
@@ -218,16 +246,16 @@ class CompiledGrammar:
         runtime steps once per distinct subset (a handful), not once per byte.
         """
         row = self._thread_rows[config]
-        if row is not None:
+        if self._complete[config] or (self.lexer and UNKNOWN not in row):
             return row
         program, accepted = self.program, self._accepted_bytes
         movers = [(pc, stack) for pc, stack, _ in self._threads[config] if accepted[pc]]
-        row = [DEAD] * 256
+        full = [DEAD] * 256
         if len(movers) == 1:
             pc, stack = movers[0]
             nxt = self._intern_closure([(program.arg[pc], stack, None)])
             for byte in accepted[pc]:
-                row[byte] = nxt
+                full[byte] = nxt
         elif movers:
             signature = [0] * 256
             for i, (pc, _) in enumerate(movers):
@@ -243,19 +271,32 @@ class CompiledGrammar:
                          for i, (pc, stack) in enumerate(movers) if sig >> i & 1]
                 nxt = self._intern_closure(seeds)
                 for byte in group:
-                    row[byte] = nxt
-        self._thread_rows[config] = row
+                    full[byte] = nxt
+        row[:] = full
         if not self.lexer:
-            self._rows[config] = row
+            self._complete[config] = True
             self._table[config] = row
         return row
+
+    def _thread_byte(self, config: int, byte: int) -> int:
+        """One byte transition of a configuration's threads, read as a plain byte."""
+        row = self._thread_rows[config]
+        nxt = row[byte]
+        if nxt == UNKNOWN:
+            arg, accept = self.program.arg, self._accept_tables
+            seeds = [(arg[pc], stack, None) for pc, stack, _ in self._threads[config]
+                     if accept[pc][byte]]
+            nxt = row[byte] = self._intern_closure(seeds) if seeds else DEAD
+            if not self.lexer:
+                self._table[config, byte] = nxt
+        return nxt
 
     def _thread_step(self, config: int, symbol: int) -> int:
         """The threads of `config` after one symbol, read as such (no lexing)."""
         if config == DEAD:
             return DEAD
         if symbol < SPECIAL_BASE:
-            return self._thread_row(config)[symbol]
+            return self._thread_byte(config, symbol)
         key = (config, symbol)
         nxt = self._special_next.get(key)
         if nxt is None:
@@ -279,7 +320,7 @@ class CompiledGrammar:
         """Configuration after consuming one symbol (byte or special symbol). Bytes held back
         before a special token are plain bytes."""
         if symbol < SPECIAL_BASE:
-            return self._row(config)[symbol]
+            return self._step(config, symbol)
         if self._held[config]:
             config = self._thread_walk(self._base[config], self._held[config])
         return self._thread_step(config, symbol)
@@ -292,8 +333,10 @@ class CompiledGrammar:
         data = self.vocab.token_bytes[token_id] if token_id < len(self.vocab.token_bytes) else None
         if not data:
             return DEAD
+        rows, step = self._rows, self._step
         for byte in data:
-            config = self._row(config)[byte]
+            nxt = rows[config][byte]
+            config = step(config, byte) if nxt == UNKNOWN else nxt
             if config == DEAD:
                 return DEAD
         return config
@@ -415,14 +458,16 @@ class CompiledGrammar:
 
     def _walk_depth_first(self, trie: TokenTrie, nodes: list[int], states: list[int]) -> np.ndarray:
         child_start, child_end, byte = trie.lists
-        rows, row_of = self._rows, self._row
+        rows, step = self._rows, self._step
         live: list[int] = []
         stack = list(zip(nodes, states, strict=False))
         while stack:
             node, state = stack.pop()
-            row = rows[state] or row_of(state)
+            row = rows[state]
             for child in range(child_start[node], child_end[node]):
                 nxt = row[byte[child]]
+                if nxt == UNKNOWN:
+                    nxt = step(state, byte[child])
                 if nxt != DEAD:
                     live.append(child)
                     stack.append((child, nxt))
