@@ -52,12 +52,17 @@ from typing import Any
 import numpy as np
 
 from pegmask.bench.shared_data import JSONSCHEMA_DIR
+from pegmask.grammars.json_schema import DEFAULT_MAX_WHITESPACE
 
 ENGINES = ("pegmask", "xgrammar", "llguidance", "outlines")
 BASELINE = "xgrammar"
 DEFAULT_SCHEMAS = 50
 WARM_PASSES = 3
 DEFAULT_OUTLINES_TIMEOUT = 5.0
+# Whitespace between JSON tokens: pegmask's default bound, given to xgrammar and llguidance too
+# so that the three engines constrain the same language (a bound costs states: the automaton
+# must count). outlines-core's Index cannot afford it (its builds explode): it gets `[ ]?`.
+MAX_WHITESPACE = DEFAULT_MAX_WHITESPACE
 
 TOOL_CALL_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -257,7 +262,8 @@ class XGrammar(Engine):
 
     def compile(self, schema: str) -> Any:
         try:  # JSON Schema semantics: an absent additionalProperties allows more properties
-            return self.compiler.compile_json_schema(schema, any_whitespace=True, strict_mode=False)
+            return self.compiler.compile_json_schema(schema, any_whitespace=True, strict_mode=False,
+                                                     max_whitespace_cnt=MAX_WHITESPACE)
         except (RuntimeError, ValueError) as exc:
             raise CompileError(str(exc)) from exc
 
@@ -273,7 +279,8 @@ class XGrammar(Engine):
 
 class LLGuidance(Engine):
     name = "llguidance"
-    OPTIONS = {"whitespace_flexible": True, "json_allow_general_unicode_escapes": True}
+    OPTIONS = {"whitespace_pattern": f"[\\x20\\x0A\\x0D\\x09]{{0,{MAX_WHITESPACE}}}",
+               "json_allow_general_unicode_escapes": True}
 
     def __init__(self, model: Model):
         import llguidance
@@ -831,13 +838,14 @@ def machine_info() -> str:
 
 
 SETTINGS = """\
-Engine settings: pegmask `Grammar.from_json_schema(schema)` + `compile_grammar` (flexible
-whitespace, at most 16 characters between tokens), `fill_next_token_bitmask`; xgrammar
-`compile_json_schema(any_whitespace=True, strict_mode=False)` (default `max_threads=8`, so a
-compile may use both cores), `fill_next_token_bitmask`; llguidance
-`grammar_from_json_schema(defaults={"whitespace_flexible": true,
-"json_allow_general_unicode_escapes": true})` (json.dumps writes `\\u00b0`) + `LLMatcher` (its
-construction is the compile), `unsafe_compute_mask_ptr`; outlines-core
+Engine settings, the same language for the first three (at most 32 whitespace characters
+between JSON tokens, pegmask's default): pegmask `Grammar.from_json_schema(schema)` +
+`compile_grammar`, `fill_next_token_bitmask`; xgrammar `compile_json_schema(any_whitespace=True,
+strict_mode=False, max_whitespace_cnt=32)` (default `max_threads=8`, so a compile may use both
+cores), `fill_next_token_bitmask`; llguidance `grammar_from_json_schema(defaults={
+"whitespace_pattern": "[\\x20\\x0A\\x0D\\x09]{0,32}", "json_allow_general_unicode_escapes":
+true})` (json.dumps writes `\\u00b0`) + `LLMatcher` (its construction is the compile),
+`unsafe_compute_mask_ptr`; outlines-core
 `build_regex_from_schema(whitespace_pattern=r"[ ]?")` + `Index` (built in a helper process,
 where its time and memory are measured; a build over the time limit is stopped and the schema
 skipped), `Guide.write_mask_into`. Every mask is a full int32 bitmask row of the logits width.

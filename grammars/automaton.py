@@ -413,7 +413,7 @@ class CompiledGrammar:
             for sequence in PLAIN_MULTIBYTE:
                 states = {config}
                 for lo, hi in sequence:
-                    states = {self._row(s)[b] for s in states for b in range(lo, hi + 1)}
+                    states = {nxt for s in states for nxt in self._row(s)[lo : hi + 1]}
                     if DEAD in states:
                         break
                 if states != {config}:
