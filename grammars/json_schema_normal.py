@@ -194,7 +194,8 @@ class Algebra:
         if isinstance(x, RefAtom) and isinstance(y, RefAtom):
             if x == y:
                 return [x]
-            return [RefAtom(("and", *sorted({*_ref_parts(x), *_ref_parts(y)})))]
+            # Parts in operand order (not sorted): property order follows it, as for `allOf`.
+            return [RefAtom(("and", *dict.fromkeys((*_ref_parts(x), *_ref_parts(y)))))]
         if isinstance(x, RefAtom) or isinstance(y, RefAtom):
             ref, other = (x, y) if isinstance(x, RefAtom) else (y, x)
             try:

@@ -138,6 +138,19 @@ def test_schema_order_follows_the_text() -> None:
     assert accepts(after, '{"name":"x","id":1}') and not accepts(after, '{"id":1,"name":"x"}')
 
 
+def test_schema_order_of_all_of_refs() -> None:
+    """`allOf` of `$ref`s keeps its order, not the order of the definition names."""
+    defs = {"A": {"properties": {"a": {"type": "integer"}}, "required": ["a"]},
+            "B": {"properties": {"b": {"type": "integer"}}, "required": ["b"]}}
+    schema = {"$defs": defs, "type": "object",
+              "allOf": [{"$ref": "#/$defs/B"}, {"$ref": "#/$defs/A"}]}
+    assert accepts(schema, '{"b":1,"a":2}') and not accepts(schema, '{"a":2,"b":1}')
+    check(schema, [{"a": 2, "b": 1}], [{"a": 2}], property_order="any")
+    three = {"$defs": {**defs, "C": {"properties": {"c": {}}}}, "type": "object",
+             "allOf": [{"$ref": "#/$defs/C"}, {"$ref": "#/$defs/B"}, {"$ref": "#/$defs/A"}]}
+    assert accepts(three, '{"c":0,"b":1,"a":2}') and not accepts(three, '{"a":2,"b":1}')
+
+
 def test_pattern_properties() -> None:
     schema = {"type": "object", "patternProperties": {"^x-": {"type": "string"}},
               "properties": {"x-named": {"type": "integer"}}}
