@@ -478,6 +478,8 @@ class DialectStreamParser:
         self._call: _Call | None = None
         self._region: int | None = None  # start of an open call region (DSML's block)
         self._next_index = 0
+        self._reasoned = False  # some reasoning text was written
+        self._reasoning_sep = ""  # written before the next reasoning text
         self._held: list[Delta] = []  # deltas of an untrusted call, released when it closes
         self._out: list[Delta] = []
         self._finished = False
@@ -584,8 +586,12 @@ class DialectStreamParser:
 
     def _text(self, event: Event) -> None:
         tag, text, call = event.tag, event.text, self._call
-        if tag in ("content", "reasoning"):
-            self._content(text, "content" if tag == "content" else "reasoning_content")
+        if tag == "content":
+            self._content(text)
+        elif tag == "reasoning":
+            if text:
+                self._content(self._reasoning_sep + text, "reasoning_content")
+                self._reasoned, self._reasoning_sep = True, ""
         elif call is None:
             return
         elif tag in ("name", "name_json"):
@@ -604,7 +610,11 @@ class DialectStreamParser:
 
     def _open(self, tag: str) -> None:
         call = self._call
-        if tag == "calls":
+        if tag == "reasoning":
+            # Several reasoning messages (Harmony's analysis channel) join with a newline,
+            # as vLLM joins them; empty ones add nothing.
+            self._reasoning_sep = "\n" if self._reasoned else ""
+        elif tag == "calls":
             self._region = self._covered
         elif tag == "call":
             self._call = _Call(self._next_index, self._new_id(), self._covered)

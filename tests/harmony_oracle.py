@@ -58,7 +58,8 @@ def oracle_message(token_ids: list[int]) -> dict[str, Any]:
     """What openai-harmony's StreamableParser reads from an assistant output, mapped to the
     OpenAI fields the way the dialect maps them (analysis -> reasoning, final and
     commentary without recipient -> content, `functions.NAME` -> a call, other recipients
-    dropped; the texts of the messages of one field concatenated, None when empty)."""
+    dropped; the texts of the messages of one field concatenated, analysis messages joined by a
+    newline as vLLM joins them, None when empty)."""
     from openai_harmony import Role, StreamableParser
 
     parser = StreamableParser(harmony_encoding(), role=Role.ASSISTANT)
@@ -81,7 +82,7 @@ def oracle_message(token_ids: list[int]) -> dict[str, Any]:
             content.append(text)
     return {
         "content": "".join(content) or None,
-        "reasoning_content": "".join(reasoning) or None,
+        "reasoning_content": "\n".join(text for text in reasoning if text) or None,
         "calls": calls,
     }
 

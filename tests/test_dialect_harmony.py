@@ -64,10 +64,10 @@ EXAMPLES: dict[str, tuple[str, dict[str, Any]]] = {
         '<|channel|>analysis<|message|>User asks: "What is 2 + 2?" Simple arithmetic. Provide '
         "answer.<|end|><|start|>assistant<|channel|>final<|message|>2 + 2 = 4.<|return|>",
         message("2 + 2 = 4.", 'User asks: "What is 2 + 2?" Simple arithmetic. Provide answer.')),
-    "1.4 several analysis messages": (
+    "1.4 several analysis messages (joined by a newline, as vLLM does)": (
         "<|channel|>analysis<|message|>First.<|end|><|start|>assistant<|channel|>analysis"
-        "<|message|> Second.<|end|><|start|>assistant<|channel|>final<|message|>Done.",
-        message("Done.", "First. Second.")),
+        "<|message|>Second.<|end|><|start|>assistant<|channel|>final<|message|>Done.",
+        message("Done.", "First.\nSecond.")),
     "1.5 call after reasoning (docs)": (
         "<|channel|>analysis<|message|>Need to use function get_weather.<|end|><|start|>assistant"
         "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
