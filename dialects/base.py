@@ -416,12 +416,14 @@ class TurnDialect(Dialect):
             end = "think_close ws body"
             answer = "@content:json(response) ws" if schema is not None else "@content:text ws"
             calls = "calls_one ws" if request.max_calls == 1 else "calls_many ws"
-            if request.max_calls == 0:
-                body = f"({answer})? eos?"
-            elif request.min_calls == 0:
-                body = f"({answer})? ({calls})? eos?"
-            else:
+            if request.min_calls:
                 body = f"{calls} eos?"
+            elif schema is not None:  # the JSON answer is due, unless calls come instead
+                body = f"{answer} eos?" if request.max_calls == 0 else f"({answer} | {calls}) eos?"
+            elif request.max_calls == 0:
+                body = f"({answer})? eos?"
+            else:
+                body = f"({answer})? ({calls})? eos?"
         else:
             implicit = " | region ws body" if self.implicit_reasoning_end else ""
             end = f"(think_close ws body{implicit} | eos)?"

@@ -224,6 +224,14 @@ def test_response_format_constrains_the_answer():
     assert not grammar.matches('{"answer": "42"}')
     assert not grammar.matches("The answer is 42.")
     assert grammar.matches('{"answer": 42, "why": "it is"}')
+    for nothing in ("", " \n", "<|im_end|>"):  # the answer is due
+        assert not grammar.matches(nothing)
+    with_tools = get_dialect("hermes").grammar(ChatRequest(
+        tools=[WEATHER], response_format=request.response_format,
+        chat_template_kwargs={"enable_thinking": False}))
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    assert with_tools.matches('{"answer": 1}') and with_tools.matches(call)
+    assert not with_tools.matches("") and not with_tools.matches('{"answer": 1}' + call)
 
 
 @pytest.mark.parametrize("dialect_name", ["hermes", "harmony", "dsml"])

@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import os
 import re
+from pathlib import Path
 
 import jsonschema
 import pytest
+from vocabularies import smollm2_tokenizer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -242,3 +244,32 @@ def test_detect_dialect_rejects_unknown_templates() -> None:
     with pytest.raises(ValueError):
         detect_dialect(None)
 
+
+
+def test_a_local_hf_folder_and_bad_model_paths(tmp_path: Path) -> None:
+    """`Engine(model=folder)`: a transformers folder (here a tiny random Llama with SmolLM2's
+    real tokenizer, saved offline). Its output is noise, but constrained it is valid JSON."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from pegmask.engine.model import ModelNotFoundError
+
+    tokenizer = smollm2_tokenizer()
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                         max_position_embeddings=512, eos_token_id=tokenizer.eos_token_id)
+    LlamaForCausalLM(config).save_pretrained(tmp_path / "tiny")
+    tokenizer.save_pretrained(tmp_path / "tiny")
+    engine = Engine(model=tmp_path / "tiny", dtype="float32")
+    assert engine.model_name == "tiny" and engine.dialect_name == "hermes"
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
+              "additionalProperties": False}
+    result = engine.generate([{"role": "user", "content": "Give n."}], max_tokens=40, seed=0,
+                             response_format={"type": "json_schema",
+                                              "json_schema": {"name": "n", "schema": schema}})
+    if result.finish_reason == "stop":
+        jsonschema.validate(json.loads(result.message["content"]), schema)
+    else:  # noise may pad the object with whitespace until max_tokens
+        assert result.finish_reason == "length" and result.text.lstrip().startswith("{")
+    for bad in (tmp_path / "absent.gguf", tmp_path, tmp_path / "tiny" / "config.json"):
+        with pytest.raises(ModelNotFoundError):
+            Engine(model=bad)
