@@ -246,30 +246,68 @@ def test_detect_dialect_rejects_unknown_templates() -> None:
 
 
 
-def test_a_local_hf_folder_and_bad_model_paths(tmp_path: Path) -> None:
-    """`Engine(model=folder)`: a transformers folder (here a tiny random Llama with SmolLM2's
-    real tokenizer, saved offline). Its output is noise, but constrained it is valid JSON."""
+@pytest.fixture(scope="module")
+def noise_engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
+    """`Engine(model=folder)` on a transformers folder: a tiny random Llama with SmolLM2's real
+    tokenizer, saved offline. Its output is noise, which is what the grammar must contain."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from pegmask.engine.model import ModelNotFoundError
-
+    folder = tmp_path_factory.mktemp("models") / "tiny"
     tokenizer = smollm2_tokenizer()
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
                          num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-                         max_position_embeddings=512, eos_token_id=tokenizer.eos_token_id)
-    LlamaForCausalLM(config).save_pretrained(tmp_path / "tiny")
-    tokenizer.save_pretrained(tmp_path / "tiny")
-    engine = Engine(model=tmp_path / "tiny", dtype="float32")
-    assert engine.model_name == "tiny" and engine.dialect_name == "hermes"
-    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
-              "additionalProperties": False}
-    result = engine.generate([{"role": "user", "content": "Give n."}], max_tokens=40, seed=0,
-                             response_format={"type": "json_schema",
-                                              "json_schema": {"name": "n", "schema": schema}})
-    if result.finish_reason == "stop":
-        jsonschema.validate(json.loads(result.message["content"]), schema)
-    else:  # noise may pad the object with whitespace until max_tokens
-        assert result.finish_reason == "length" and result.text.lstrip().startswith("{")
-    for bad in (tmp_path / "absent.gguf", tmp_path, tmp_path / "tiny" / "config.json"):
+                         max_position_embeddings=2048, eos_token_id=tokenizer.eos_token_id)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return Engine(model=folder, dtype="float32")
+
+
+def test_a_local_hf_folder_and_bad_model_paths(noise_engine: Engine, tmp_path: Path) -> None:
+    from pegmask.engine.model import ModelNotFoundError
+
+    assert noise_engine.model_name == "tiny" and noise_engine.dialect_name == "hermes"
+    for bad in (tmp_path / "absent.gguf", tmp_path, noise_engine.backend.path / "config.json"):
         with pytest.raises(ModelNotFoundError):
             Engine(model=bad)
+
+
+NOISE_TOOL = {"type": "function", "function": {"name": "lookup", "parameters": {
+    "type": "object", "properties": {"q": {"type": "string", "maxLength": 8},
+                                     "n": {"type": "integer", "minimum": 0, "maximum": 9}},
+    "required": ["q"], "additionalProperties": False}}}
+
+
+@pytest.mark.parametrize("options", [
+    {"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {
+        "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
+        "additionalProperties": False}}}},
+    {"tools": [NOISE_TOOL], "tool_choice": "required"},
+    {"tools": [NOISE_TOOL], "tool_choice": {"type": "function", "function": {"name": "lookup"}},
+     "parallel_tool_calls": False},
+    {"tools": [NOISE_TOOL], "tool_choice": "none"},
+    {"tools": [NOISE_TOOL]},
+], ids=["json_schema", "required", "named", "none", "auto"])
+def test_noise_stays_inside_the_grammar(noise_engine: Engine, options: dict) -> None:
+    """Random weights at temperature 1: every finished output obeys the request."""
+    results = noise_engine.generate_batch([
+        {"messages": [{"role": "user", "content": "Go."}], "max_tokens": 120, "seed": seed,
+         "temperature": 1.0, **options} for seed in range(4)])
+    choice = options.get("tool_choice", "auto" if "tools" in options else None)
+    for result in results:
+        calls = result.message["tool_calls"]
+        if choice == "none" or choice is None:
+            assert calls == []
+        if result.finish_reason == "length":
+            continue  # cut off: what max_tokens left open is not checked
+        if "response_format" in options:
+            schema = options["response_format"]["json_schema"]["schema"]
+            jsonschema.validate(json.loads(result.message["content"]), schema)
+            continue
+        if choice in ("required", "named") or isinstance(choice, dict):
+            assert calls and result.finish_reason == "tool_calls", result.text
+        if isinstance(choice, dict):
+            assert len(calls) == 1
+        for call in calls:
+            assert call["function"]["name"] == "lookup"
+            jsonschema.validate(json.loads(call["function"]["arguments"]),
+                                NOISE_TOOL["function"]["parameters"])
