@@ -35,12 +35,15 @@ class HarmonyDialect(Dialect):
     name = "harmony"
     native_renderer = "harmony"
     reasoning_default = True
-    #: a `.peg` file that replaces harmony.peg's spacing section (None: keep gpt-oss spacing)
+    #: a `.peg` file that replaces harmony.peg's spacing section (None: keep gpt-oss spacing);
+    #: its `$spaces` is the bound on a run of spaces, none when parsing leniently
     spacing_file: ClassVar[str | None] = None
+    STRICT_SPACES: ClassVar[int] = 4
 
     def grammar_source(self, request: ChatRequest, strict: bool) -> tuple[str, dict[str, Any]]:
         sections = peg_sections(load_peg("harmony.peg"))
-        spacing = load_peg(self.spacing_file) if self.spacing_file else sections["spacing"]
+        spacing = (fill(load_peg(self.spacing_file), spaces=self.STRICT_SPACES if strict else "")
+                   if self.spacing_file else sections["spacing"])
         tools = request.allowed_tools if strict else []
         schemas: dict[str, Any] = {f"s_{i}": request.tool_schemas[n] for i, n in enumerate(tools)}
         if tools:

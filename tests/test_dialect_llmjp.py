@@ -249,6 +249,14 @@ def test_request_grammar_accepts_exactly_what_the_request_allows(parallel, choic
                                '<|message|> {"zone": "CET"}')
 
 
+def test_runs_of_spaces_are_bounded_only_when_decoding_is_constrained():
+    request = ChatRequest(tools=TOOLS, tool_choice="required")
+    for spaces, constrained in ((1, True), (4, True), (5, False), (40, False)):
+        text = "<|channel|>" + " " * spaces + CALL_TEXT["weather2"].removeprefix("<|channel|> ")
+        assert DIALECT.grammar(request).matches(text) == constrained, spaces
+        assert DIALECT.parse_grammar(request).matches(text), spaces
+
+
 # --------------------------------------------------------------------------- sampling
 @pytest.mark.parametrize("parallel", [True, False])
 @pytest.mark.parametrize("choice", range(len(TOOL_CHOICES)))
