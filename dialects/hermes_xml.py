@@ -3,7 +3,8 @@
 
 String parameters are written raw (constraints such as `pattern` cannot be enforced on raw
 text); every other type is JSON, constrained by the parameter's schema. Option ``reasoning`` as
-for `hermes` (Qwen3.5 puts `<think>` in the prompt: pass ``reasoning=True``).
+for `hermes` (Qwen3.5 puts `<think>` in the prompt: pass ``reasoning=True``). Without a chat
+template, prompts are rendered as the Qwen3-Coder template writes them (native ``hermes-xml``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pegmask.dialects.base import TurnDialect, raw_string_values, schema_type
 class HermesXmlDialect(TurnDialect):
     name = "hermes-xml"
     peg_file = "hermes_xml.peg"
+    native_renderer = "hermes-xml"
 
     def raw_values(self, schema: Any) -> list[str] | None:
         if schema_type(schema) != "string":

@@ -7,6 +7,8 @@ trained to read it (reference/dialects.md):
 
 * ``hermes``: Qwen3 / Hermes ``<tool_call>`` blocks, results as ``<tool_response>`` in a user
   turn (byte-identical to the Qwen3 template);
+* ``hermes-xml``: Qwen3-Coder ``<function=NAME>`` / ``<parameter=KEY>`` calls, tools declared
+  in XML (byte-identical to the Qwen3-Coder template where it renders at all);
 * ``harmony``: gpt-oss messages as the ``openai-harmony`` renderer writes them;
 * ``llmjp-harmony``: the LLM-jp-4.1 template (every parallel call, string arguments verbatim);
 * ``dsml`` / ``dsml-v3.2`` and ``dsml-v4``: DeepSeek's reference encoders.
@@ -40,6 +42,7 @@ __all__ = [
     "render_dsml_v4",
     "render_harmony",
     "render_hermes",
+    "render_hermes_xml",
     "render_llmjp_harmony",
     "render_native",
     "replay_text",
@@ -76,64 +79,43 @@ def _check_modes(add_generation_prompt: bool, continue_final_message: bool) -> N
 
 
 # ---------------------------------------------------------------------------------------------
-# Hermes / Qwen3
+# Hermes / Qwen3 and Qwen3-Coder: ChatML turns, results in a user turn
 # ---------------------------------------------------------------------------------------------
 
-_HERMES_TOOLS_HEAD = (
-    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
-)
-_HERMES_TOOLS_TAIL = (
-    "\n</tools>\n\nFor each function call, return a json object with function name and arguments "
-    'within <tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, '
-    '"arguments": <args-json-object>}\n</tool_call><|im_end|>\n'
-)
 _IM_END = "<|im_end|>"
+_ASSISTANT_HEADER = "<|im_start|>assistant\n"
 
 
-def _hermes_split_reasoning(message: Message) -> tuple[str, str]:
-    """(content, reasoning), reading a ``<think>`` block from content when none is given."""
-    content = message.content
-    if message.reasoning is not None:
-        return content, message.reasoning
-    if "</think>" in content:
-        reasoning = content.split("</think>")[0].rstrip("\n").split("<think>")[-1].lstrip("\n")
-        return content.split("</think>")[-1].lstrip("\n"), reasoning
-    return content, ""
+@dataclass(frozen=True)
+class _ChatMLSpec:
+    """What differs between Qwen3's JSON calls and Qwen3-Coder's XML calls."""
+
+    system: Callable[[str | None, Sequence[Mapping[str, Any]]], str]  # system text, tools
+    assistant: Callable[[Message, bool, bool], str]  # turn without its end: message, live, is_last
+    results_open: str  # opens the user turn of a run of results
+    result: Callable[[str], str]  # one result block
 
 
-def render_hermes(
+def _render_chatml(
     history: History | Iterable[Mapping[str, Any]],
-    tools: Iterable[Mapping[str, Any]] | None = None,
-    add_generation_prompt: bool = True,
+    tools: Iterable[Mapping[str, Any]] | None,
+    spec: _ChatMLSpec,
     *,
-    continue_final_message: bool = False,
-    replay: ReplayMemory | None = None,
-    enable_thinking: bool = True,
+    add_generation_prompt: bool,
+    continue_final_message: bool,
+    replay: ReplayMemory | None,
 ) -> str:
-    """Qwen3-style Hermes prompt: ``<tool_call>`` blocks, results in ``<tool_response>`` blocks.
-
-    Reasoning is kept for assistant turns after the last real user query (the live tool loop).
-    ``enable_thinking=False`` pre-fills an empty think block in the generation prompt.
-    """
+    """The turns both Qwen families share; assistant turns after the last real user query are live
+    (replayed when remembered)."""
     _check_modes(add_generation_prompt, continue_final_message)
     messages = [
         Message("system", m.content) if m.role == "developer" else m
         for m in normalize_history(history).messages
     ]
-    tool_list = normalize_tools(tools)
     if continue_final_message:
         _check_continuable(messages)
-    out = []
-    if tool_list:
-        out.append("<|im_start|>system\n")
-        if messages and messages[0].role == "system":
-            out.append(messages[0].content + "\n\n")
-        out.append(_HERMES_TOOLS_HEAD)
-        out.extend("\n" + _dumps(tool) for tool in tool_list)
-        out.append(_HERMES_TOOLS_TAIL)
-    elif messages and messages[0].role == "system":
-        out.append(f"<|im_start|>system\n{messages[0].content}{_IM_END}\n")
+    system = messages[0].content if messages and messages[0].role == "system" else None
+    out = [spec.system(system, normalize_tools(tools))]
     last_query = len(messages) - 1
     for i in range(len(messages) - 1, -1, -1):
         text = messages[i].content
@@ -152,36 +134,238 @@ def render_hermes(
             replayed = live and _replayed(
                 replay,
                 message,
-                lambda text: f"<|im_start|>assistant\n{text.removesuffix(_IM_END)}{_IM_END}\n",
+                lambda text: f"{_ASSISTANT_HEADER}{text.removesuffix(_IM_END)}{_IM_END}\n",
             )
-            if replayed:
-                out.append(replayed)
-                continue
-            content, reasoning = _hermes_split_reasoning(message)
-            if live and (is_last or reasoning):
-                thought = reasoning.strip("\n")
-                out.append(f"<|im_start|>assistant\n<think>\n{thought}\n</think>\n\n")
-                out.append(content.lstrip("\n"))
-            else:
-                out.append("<|im_start|>assistant\n" + content)
-            for j, call in enumerate(message.tool_calls):
-                if j > 0 or content:
-                    out.append("\n")
-                out.append(
-                    f'<tool_call>\n{{"name": "{call.name}", "arguments": {call.arguments_json}}}\n</tool_call>'
-                )
-            out.append(end)
+            out.append(replayed or spec.assistant(message, live, is_last) + end)
         elif message.role == "tool":
             if i == 0 or messages[i - 1].role != "tool":
-                out.append("<|im_start|>user")
-            out.append(f"\n<tool_response>\n{message.content}\n</tool_response>")
+                out.append(spec.results_open)
+            out.append(spec.result(message.content))
             if is_last or messages[i + 1].role != "tool":
                 out.append(f"{_IM_END}\n")
     if add_generation_prompt:
-        out.append("<|im_start|>assistant\n")
-        if not enable_thinking:
-            out.append("<think>\n\n</think>\n\n")
+        out.append(_ASSISTANT_HEADER)
     return "".join(out)
+
+
+_HERMES_TOOLS_HEAD = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+)
+_HERMES_TOOLS_TAIL = (
+    "\n</tools>\n\nFor each function call, return a json object with function name and arguments "
+    'within <tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, '
+    '"arguments": <args-json-object>}\n</tool_call><|im_end|>\n'
+)
+
+
+def _plain_system(system: str | None) -> str:
+    return "" if system is None else f"<|im_start|>system\n{system}{_IM_END}\n"
+
+
+def _hermes_system(system: str | None, tools: Sequence[Mapping[str, Any]]) -> str:
+    if not tools:
+        return _plain_system(system)
+    head = "" if system is None else system + "\n\n"
+    body = "".join("\n" + _dumps(tool) for tool in tools)
+    return f"<|im_start|>system\n{head}{_HERMES_TOOLS_HEAD}{body}{_HERMES_TOOLS_TAIL}"
+
+
+def _hermes_split_reasoning(message: Message) -> tuple[str, str]:
+    """(content, reasoning), reading a ``<think>`` block from content when none is given."""
+    content = message.content
+    if message.reasoning is not None:
+        return content, message.reasoning
+    if "</think>" in content:
+        reasoning = content.split("</think>")[0].rstrip("\n").split("<think>")[-1].lstrip("\n")
+        return content.split("</think>")[-1].lstrip("\n"), reasoning
+    return content, ""
+
+
+def _hermes_assistant(message: Message, live: bool, is_last: bool) -> str:
+    """Reasoning only in the live tool loop; a ``\\n`` before each call but a leading one."""
+    content, reasoning = _hermes_split_reasoning(message)
+    if live and (is_last or reasoning):
+        thought = reasoning.strip("\n")
+        out = [f"{_ASSISTANT_HEADER}<think>\n{thought}\n</think>\n\n", content.lstrip("\n")]
+    else:
+        out = [_ASSISTANT_HEADER + content]
+    for j, call in enumerate(message.tool_calls):
+        if j > 0 or content:
+            out.append("\n")
+        out.append(
+            f'<tool_call>\n{{"name": "{call.name}", "arguments": {call.arguments_json}}}\n</tool_call>'
+        )
+    return "".join(out)
+
+
+_HERMES = _ChatMLSpec(
+    _hermes_system,
+    _hermes_assistant,
+    "<|im_start|>user",
+    lambda text: f"\n<tool_response>\n{text}\n</tool_response>",
+)
+
+
+def render_hermes(
+    history: History | Iterable[Mapping[str, Any]],
+    tools: Iterable[Mapping[str, Any]] | None = None,
+    add_generation_prompt: bool = True,
+    *,
+    continue_final_message: bool = False,
+    replay: ReplayMemory | None = None,
+    enable_thinking: bool = True,
+) -> str:
+    """Qwen3-style Hermes prompt: ``<tool_call>`` blocks, results in ``<tool_response>`` blocks.
+
+    Reasoning is kept for assistant turns after the last real user query (the live tool loop).
+    ``enable_thinking=False`` pre-fills an empty think block in the generation prompt.
+    """
+    prompt = _render_chatml(
+        history,
+        tools,
+        _HERMES,
+        add_generation_prompt=add_generation_prompt,
+        continue_final_message=continue_final_message,
+        replay=replay,
+    )
+    if add_generation_prompt and not enable_thinking:
+        prompt += "<think>\n\n</think>\n\n"
+    return prompt
+
+
+# Qwen3-Coder writes schemas and values with Jinja's ``string`` filter, i.e. Python's ``str``:
+# nested objects, lists and booleans reach the prompt as Python literals ({'a': 1}, True).
+
+_CODER_DEFAULT_SYSTEM = (
+    "You are Qwen, a helpful AI assistant that can interact with a computer to solve tasks."
+)
+_CODER_TOOLS_TAIL = (
+    "\n</tools>\n\nIf you choose to call a function ONLY reply in the following format with NO "
+    "suffix:\n\n<tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>\n"
+    "value_1\n</parameter>\n<parameter=example_parameter_2>\nThis is the value for the second "
+    "parameter\nthat can span\nmultiple lines\n</parameter>\n</function>\n</tool_call>\n\n"
+    "<IMPORTANT>\nReminder:\n- Function calls MUST follow the specified format: an inner "
+    "<function=...></function> block must be nested within <tool_call></tool_call> XML tags\n"
+    "- Required parameters MUST be specified\n- You may provide optional reasoning for your "
+    "function call in natural language BEFORE the function call, but NOT after\n- If there is no "
+    "function call available, answer the question like normal with your current knowledge and "
+    "do not tell the user about function calls\n</IMPORTANT>"
+)
+_CODER_HANDLED_KEYS = ("type", "description", "enum", "required")
+
+
+def _coder_item_list(items: Any) -> str:
+    """The template's ``render_item_list``: ``[`a`, `b`]`` in ``<required>`` tags, if non-empty."""
+    if not isinstance(items, (Sequence, Mapping)) or not items:  # Jinja's `sequence` test
+        return ""
+    listed = ", ".join(f"`{item}`" if isinstance(item, str) else str(item) for item in items)
+    return f"\n<required>[{listed}]</required>"
+
+
+def _coder_value(value: Any) -> str:
+    return _dumps(value) if isinstance(value, Mapping) else str(value)
+
+
+def _coder_parameter(name: str, fields: Any) -> str:
+    """One property as XML: type, description, then every other key (objects as JSON)."""
+    out = [f"\n<parameter>\n<name>{name}</name>"]
+    if isinstance(fields, Mapping):
+        if "type" in fields:
+            out.append(f"\n<type>{fields['type']}</type>")
+        if "description" in fields:
+            out.append(f"\n<description>{str(fields['description']).strip()}</description>")
+        for key, value in fields.items():
+            if key and key not in _CODER_HANDLED_KEYS and value is not None:
+                tag = key.replace("-", "_").replace(" ", "_").replace("$", "")
+                out.append(f"\n<{tag}>{_coder_value(value)}</{tag}>")
+        out.append(_coder_item_list(fields.get("required")))
+    out.append("\n</parameter>")
+    return "".join(out)
+
+
+def _coder_tool(tool: Mapping[str, Any]) -> str:
+    """A tool as the template declares it; one without parameters declares none (the template
+    raises there)."""
+    function = tool["function"]
+    description = str(function["description"]).strip() if "description" in function else ""
+    parameters = function.get("parameters")
+    parameters = parameters if isinstance(parameters, Mapping) else {}
+    properties = parameters.get("properties")
+    out = [f"\n<function>\n<name>{function.get('name', '')}</name>"]
+    out.append(f"\n<description>{description}</description>\n<parameters>")
+    if isinstance(properties, Mapping):
+        out.extend(_coder_parameter(name, fields) for name, fields in properties.items())
+    out.append(_coder_item_list(parameters.get("required")) + "\n</parameters>")
+    if "return" in function:
+        out.append(f"\n<return>{_coder_value(function['return'])}</return>")
+    out.append("\n</function>")
+    return "".join(out)
+
+
+def _coder_system(system: str | None, tools: Sequence[Mapping[str, Any]]) -> str:
+    if not tools:
+        return _plain_system(system)
+    head = _CODER_DEFAULT_SYSTEM if system is None else system
+    declared = "".join(_coder_tool(tool) for tool in tools)
+    return (
+        f"<|im_start|>system\n{head}\n\nYou have access to the following functions:\n\n"
+        f"<tools>{declared}{_CODER_TOOLS_TAIL}{_IM_END}\n"
+    )
+
+
+def _coder_call(call: ToolCall) -> str:
+    """A ``<function=...>`` block; raw (non-object) arguments stand verbatim for the parameters."""
+    if isinstance(call.arguments, str):
+        body = call.arguments + "\n"
+    else:
+        body = "".join(
+            f"<parameter={key}>\n{value}\n</parameter>\n"  # str(value), as said above
+            for key, value in call.arguments.items()
+        )
+    return f"\n<tool_call>\n<function={call.name}>\n{body}</function>\n</tool_call>"
+
+
+def _coder_assistant(message: Message, live: bool, is_last: bool) -> str:
+    """Content as is, or trimmed before calls; reasoning is never shown."""
+    if not message.tool_calls:
+        return _ASSISTANT_HEADER + message.content
+    content = message.content.strip()
+    head = f"{_ASSISTANT_HEADER}{content}\n" if content else "<|im_start|>assistant"
+    return head + "".join(_coder_call(call) for call in message.tool_calls)
+
+
+_CODER = _ChatMLSpec(
+    _coder_system,
+    _coder_assistant,
+    "<|im_start|>user\n",
+    lambda text: f"<tool_response>\n{text}\n</tool_response>\n",
+)
+
+
+def render_hermes_xml(
+    history: History | Iterable[Mapping[str, Any]],
+    tools: Iterable[Mapping[str, Any]] | None = None,
+    add_generation_prompt: bool = True,
+    *,
+    continue_final_message: bool = False,
+    replay: ReplayMemory | None = None,
+) -> str:
+    """Qwen3-Coder prompt (byte-identical to its template): tools declared in XML, calls as
+    ``<function=NAME>`` with one ``<parameter=KEY>`` block per argument, no reasoning.
+
+    Where the template fails or misframes, this writes what it would for the nearest valid
+    history: a tool without parameters declares none, raw arguments are written verbatim, and a
+    result right after the system prompt still opens its user turn.
+    """
+    return _render_chatml(
+        history,
+        tools,
+        _CODER,
+        add_generation_prompt=add_generation_prompt,
+        continue_final_message=continue_final_message,
+        replay=replay,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -977,6 +1161,7 @@ def render_dsml_v4(
 
 NATIVE_DIALECTS: dict[str, Callable[..., str]] = {
     "hermes": render_hermes,
+    "hermes-xml": render_hermes_xml,
     "harmony": render_harmony,
     "llmjp-harmony": render_llmjp_harmony,
     "dsml": render_dsml_v32,
@@ -986,7 +1171,8 @@ NATIVE_DIALECTS: dict[str, Callable[..., str]] = {
 
 # Where an assistant turn starts in each dialect's prompt: replayed text is what follows it.
 _TURN_HEADERS = {
-    "hermes": "<|im_start|>assistant\n",
+    "hermes": _ASSISTANT_HEADER,
+    "hermes-xml": _ASSISTANT_HEADER,
     "harmony": "<|start|>assistant",
     "llmjp-harmony": "<|start|>assistant",
 }

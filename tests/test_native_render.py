@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 
 import harmony_oracle
+import jinja2
 import pytest
 
 from pegmask.bench.shared_data import TEMPLATES_DIR
+from pegmask.dialects import get_dialect
 from pegmask.dialects.history import HistoryError, normalize_history, normalize_tools
 from pegmask.dialects.native import (
     llmjp_prompt_form,
@@ -112,6 +114,80 @@ def _template(name: str) -> str:
     return (TEMPLATES / name).read_text(encoding="utf-8")
 
 
+# The Qwen3-Coder template raises on a tool without parameters: `now` gets an empty object there.
+NOW = {"type": "object", "properties": {}}
+CODER_TOOLS = [
+    TOOLS[0],
+    {"type": "function", "function": {**TOOLS[1]["function"], "parameters": NOW}},
+]
+# Schema keys and values the Qwen3-Coder template writes each in its own way.
+XML_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "edit",
+            "description": "  Edit a file.\n",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "path": {
+                        "type": "string",
+                        "description": " Path ",
+                        "enum": ["a.py"],
+                        "x-order": 1,
+                        "min length": 0,
+                        "$comment": "c",
+                        "title": None,
+                        "": "skipped",
+                        "required": ["z", 3],
+                    },
+                    "flag": {"type": "boolean", "default": False},
+                    "ratio": {
+                        "type": ["number", "null"],
+                        "default": 0.5,
+                        "nested": {"a": [1, "é"]},
+                    },
+                    "free": True,
+                },
+                "required": ["path", "flag"],
+            },
+            "return": {"type": "string"},
+        },
+    },
+    {"type": "function", "function": {"name": "ping", "parameters": NOW, "return": "nothing"}},
+]
+XML_HISTORIES = {
+    "typed_values": [
+        {"role": "system", "content": ""},
+        {"role": "user", "content": "Edit it"},
+        {
+            "role": "assistant",
+            "content": "  \n Editing now.\n ",
+            "tool_calls": [
+                _call(
+                    "e1",
+                    "edit",
+                    {
+                        "path": "a b.py",
+                        "flag": True,
+                        "ratio": None,
+                        "list": [1, "x", {"k": False}],
+                        "f": 1.5,
+                        "multi": "line1\nline2\n",
+                    },
+                ),
+                _call("e2", "ping", None),
+            ],
+        },
+        {"role": "tool", "tool_call_id": "e1", "content": "ok"},
+        {"role": "tool", "tool_call_id": "e2", "content": ""},
+        {"role": "assistant", "content": "<think>\nhm\n</think>\n\ndone "},
+        {"role": "system", "content": "Later rule."},
+        {"role": "user", "content": "<tool_response>x</tool_response>"},
+    ],
+}
+
+
 # --------------------------------------------------------------------------------------------
 # Byte parity with each dialect's reference
 # --------------------------------------------------------------------------------------------
@@ -139,6 +215,43 @@ def test_hermes_matches_the_qwen3_template(history: str):
                     enable_thinking=enable_thinking,
                 )
                 assert got == expected
+
+
+@pytest.mark.parametrize("history", sorted(HISTORIES) + sorted(XML_HISTORIES))
+def test_hermes_xml_matches_the_qwen3_coder_template(history: str):
+    template = _template("Qwen3-Coder.jinja")
+    messages = HISTORIES.get(history) or XML_HISTORIES[history]
+    for tools in (None, CODER_TOOLS, XML_TOOLS):
+        for add_generation_prompt in (True, False):
+            expected = render_history(template, messages, tools, add_generation_prompt)
+            got = render_native("hermes-xml", messages, tools, add_generation_prompt)
+            assert got == expected
+
+
+def test_hermes_xml_where_the_template_fails():
+    template = _template("Qwen3-Coder.jinja")
+    with pytest.raises(jinja2.UndefinedError):  # `now` has no parameters
+        render_history(template, TOOL_LOOP, TOOLS)
+    assert render_native("hermes-xml", TOOL_LOOP, TOOLS) == render_native(
+        "hermes-xml", TOOL_LOOP, CODER_TOOLS
+    )
+    # the template would leave a first result outside any turn
+    first = [{"role": "tool", "tool_call_id": "q", "content": "r"}]
+    assert render_native("hermes-xml", first, add_generation_prompt=False) == (
+        "<|im_start|>user\n<tool_response>\nr\n</tool_response>\n<|im_end|>\n"
+    )
+
+
+def test_hermes_xml_is_the_dialect_default():
+    messages = HISTORIES["tool_loop"]
+    assert get_dialect("hermes-xml").render(messages, CODER_TOOLS) == render_native(
+        "hermes-xml", messages, CODER_TOOLS
+    )
+    template = _template("Qwen3-Coder.jinja")
+    dialect = get_dialect("hermes-xml", chat_template=template)
+    assert dialect.render(HISTORIES["plain"], CODER_TOOLS) == render_native(
+        "hermes-xml", HISTORIES["plain"], CODER_TOOLS
+    )
 
 
 @pytest.mark.parametrize(
@@ -198,6 +311,18 @@ def test_continue_final_message_matches_the_templates():
         conversation_start_date=DATE,
     )
     assert got == llmjp
+    coder = render_history(
+        _template("Qwen3-Coder.jinja"),
+        messages,
+        add_generation_prompt=False,
+        continue_final_message=True,
+    )
+    assert (
+        render_native(
+            "hermes-xml", messages, add_generation_prompt=False, continue_final_message=True
+        )
+        == coder
+    )
     for dialect in ("harmony", "dsml", "dsml-v4"):
         prompt = render_native(
             dialect, messages, add_generation_prompt=False, continue_final_message=True
@@ -432,7 +557,7 @@ def test_dsml_v4_thinking_rules():
 # Tool history never disappears and is never double-encoded
 # --------------------------------------------------------------------------------------------
 
-DIALECTS = ["hermes", "harmony", "llmjp-harmony", "dsml", "dsml-v4"]
+DIALECTS = ["hermes", "hermes-xml", "harmony", "llmjp-harmony", "dsml", "dsml-v4"]
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)
@@ -442,7 +567,8 @@ def test_every_call_and_result_reaches_the_prompt_once_encoded(dialect: str):
     assert '\\"city' not in prompt  # arguments are never a JSON string of JSON
     if dialect != "llmjp-harmony":  # LLM-jp's results are JSON string literals, as trained
         assert '"{' not in prompt
-    assert "Two cities <&>." in prompt  # live tool-loop reasoning is kept
+    # live tool-loop reasoning is kept, except by Qwen3-Coder, which never shows reasoning
+    assert ("Two cities <&>." in prompt) == (dialect != "hermes-xml")
     for result in ('{"temp": 20}', '22°C & "dry"'):
         if dialect == "llmjp-harmony":
             result = json.dumps(result, ensure_ascii=False)
@@ -464,6 +590,8 @@ def test_malformed_arguments_are_kept_verbatim(dialect: str):
             '<｜DSML｜parameter name="arguments" string="true">{"tz": "Asia/Tok</｜DSML｜parameter>'
             in prompt
         )
+    if dialect == "hermes-xml":  # the raw text stands for the parameters, as in hermes
+        assert '<function=now>\n{"tz": "Asia/Tok\n</function>' in prompt
 
 
 def test_the_gpt_oss_template_loses_what_the_native_renderer_keeps():
@@ -505,6 +633,7 @@ def test_unknown_dialect():
 
 GENERATED = {
     "hermes": '<tool_call>\n{"name": "get_weather", "arguments": {"city":"東京","days":2}}\n</tool_call>\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Osaka", "opts": {"zz": 1}}}\n</tool_call>',
+    "hermes-xml": 'Two  cities\n<tool_call>\n<function=get_weather>\n<parameter=city>\n東京\n</parameter>\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_weather>\n<parameter=city>\nOsaka\n</parameter>\n<parameter=opts>\n{"zz": 1}\n</parameter>\n</function>\n</tool_call>',
     "harmony": '<|channel|>analysis<|message|>Two  cities<|end|><|start|>assistant to=functions.get_weather<|channel|>commentary <|constrain|>json<|message|>{"city":"東京","days":2}<|end|><|start|>assistant to=functions.get_weather<|channel|>commentary <|constrain|>json<|message|>{"city":"Osaka","opts":{"zz":1}}',
     "llmjp-harmony": '<|channel|>analysis<|message|>Two  cities<|end|><|start|>assistant to=functions.get_weather<|channel|>commentary <|constrain|> json<|message|>{"city":"東京","days":2}<|end|><|start|>assistant to=functions.get_weather<|channel|>commentary <|constrain|> json<|message|>{"city":"Osaka","opts":{"zz":1}}',
     "dsml": 'Two  cities</think>\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" string="true">東京</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls>',
@@ -512,6 +641,7 @@ GENERATED = {
 }
 FRAMES = {
     "hermes": ("<|im_start|>assistant\n<think>\n", "<|im_end|>\n"),
+    "hermes-xml": ("<|im_start|>assistant\n", "<|im_end|>\n"),
     "harmony": ("<|start|>assistant", "<|call|>"),
     "llmjp-harmony": ("<|start|>assistant", "<|call|>"),
     "dsml": ("<｜Assistant｜><think>", "<｜end▁of▁sentence｜>"),
@@ -553,13 +683,14 @@ def test_replay_restores_the_generated_bytes(dialect: str):
     assert render_native(dialect, TOOL_LOOP, TOOLS, replay=small) == rebuilt
 
 
-def test_replay_only_applies_to_the_live_tool_loop():
+@pytest.mark.parametrize("dialect", ["hermes", "hermes-xml"])
+def test_replay_only_applies_to_the_live_tool_loop(dialect: str):
     calls = normalize_history(TOOL_LOOP).messages[2].tool_calls
     memory = ReplayMemory()
-    memory.remember(calls, "<think>\nold reasoning\n</think>\n\n" + GENERATED["hermes"])
-    assert "old reasoning" in render_native("hermes", TOOL_LOOP, TOOLS, replay=memory)
-    closed = render_native("hermes", CLOSED_LOOP, TOOLS, replay=memory)
-    assert closed == render_native("hermes", CLOSED_LOOP, TOOLS)
+    memory.remember(calls, "<think>\nold reasoning\n</think>\n\n" + GENERATED[dialect])
+    assert "old reasoning" in render_native(dialect, TOOL_LOOP, TOOLS, replay=memory)
+    closed = render_native(dialect, CLOSED_LOOP, TOOLS, replay=memory)
+    assert closed == render_native(dialect, CLOSED_LOOP, TOOLS)
 
 
 def test_replay_text_takes_the_turn_from_the_prompt():
@@ -576,6 +707,10 @@ def test_replay_text_takes_the_turn_from_the_prompt():
             "harmony", "...<|start|>user<|message|>x<|end|><|start|>assistant", "<|channel|>final"
         )
         == "<|channel|>final"
+    )
+    assert (
+        replay_text("hermes-xml", "<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n", "hi")
+        == "hi"
     )
     assert replay_text("dsml", "<｜User｜>x<｜Assistant｜><think>", "r</think>y") == "r</think>y"
     with pytest.raises(ValueError):
