@@ -377,9 +377,8 @@ def test_render_uses_the_chat_template_or_the_native_renderer():
         "hermes", messages, tools, True)
     assert get_dialect("hermes").render(messages, tools, enable_thinking=False).endswith(
         "<think>\n\n</think>\n\n")
-    template = TEMPLATES_DIR / "Qwen3.5-4B.jinja"
-    if template.exists():
-        dialect = get_dialect("hermes-xml", chat_template=template.read_text())
-        assert dialect.render(messages, tools).endswith("<|im_start|>assistant\n<think>\n")
-    with pytest.raises(ValueError, match="chat_template"):
-        get_dialect("hermes-xml").render(messages, tools)
+    template = (TEMPLATES_DIR / "Qwen3.5-4B.jinja").read_text()
+    dialect = get_dialect("hermes-xml", chat_template=template)
+    assert dialect.render(messages, tools).endswith("<|im_start|>assistant\n<think>\n")
+    assert get_dialect("hermes-xml").render(messages, tools) == render_native(
+        "hermes-xml", messages, tools, True)
