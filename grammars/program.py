@@ -74,23 +74,36 @@ JsonSchemaExpander = Callable[[JsonSchema, str], tuple[Node, dict[str, Node]]]
 
 
 def expand_json_schemas(ir: GrammarIR) -> GrammarIR:
-    """Replace every `JsonSchema` node by the rules of the JSON Schema front-end."""
+    """Replace every `JsonSchema` node by the rules of the JSON Schema front-end.
+
+    Only the grammar's own rules are rewritten, each distinct node once (by identity: hashing
+    a frozen node rehashes its whole subtree, so a value-keyed memo costs more than it saves).
+    The front-end's rules are taken as they are: they contain no `JsonSchema` node, and
+    copying them took about a quarter of a large schema's compile time.
+    """
     if not any(_contains_schema(body) for body in ir.rules.values()):
         return ir
     from pegmask.grammars.json_schema import schema_to_rules
 
     extra: dict[str, Node] = {}
     cache: dict[JsonSchema, Node] = {}
+    memo: dict[int, Node] = {}  # by id: `ir` keeps every node it rewrites alive meanwhile
 
     def rewrite(node: Node) -> Node:
+        key = id(node)
+        if key not in memo:
+            memo[key] = _rewrite(node)
+        return memo[key]
+
+    def _rewrite(node: Node) -> Node:
         if isinstance(node, JsonSchema):
             if node not in cache:
                 prefix = f"json{len(cache)}"
                 root, rules = schema_to_rules(
                     json.loads(node.schema_json), prefix=prefix, **dict(node.options)
                 )
-                extra.update({name: rewrite(body) for name, body in rules.items()})
-                cache[node] = rewrite(root)
+                extra.update(rules)
+                cache[node] = root
             return cache[node]
         if isinstance(node, Seq):
             return Seq(tuple(rewrite(i) for i in node.items))

@@ -13,8 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pegmask.bench.jsonschema_coverage import measure, schema_files
-from pegmask.grammars import Grammar, GrammarError, SchemaError, UnsupportedSchemaError
+from pegmask.grammars import Grammar, GrammarError, SchemaError, UnsupportedSchemaError, json_schema
+from pegmask.grammars.ir import Choice, GrammarIR, Literal, Ref, Seq, json_schema_node
 from pegmask.grammars.json_schema import schema_to_rules
+from pegmask.grammars.program import expand_json_schemas
 
 
 def spellings(value: Any) -> list[str]:
@@ -498,6 +500,25 @@ def test_rule_names_use_the_prefix() -> None:
 def test_embedded_in_peg() -> None:
     grammar = Grammar.from_peg('root = "<" json(s) ">"', schemas={"s": {"type": "integer"}})
     assert grammar.matches("<12>") and not grammar.matches('<"x">')
+
+
+def test_expansion_copies_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`expand_json_schemas` takes the front-end's rules as they are and rewrites a subtree
+    that several rules share once (compile time)."""
+    made = []
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        made.append(schema_to_rules(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(json_schema, "schema_to_rules", spy)
+    shared = Seq((Literal(b"<"), json_schema_node({"type": "object", "properties": {"a": {}}})))
+    ir = expand_json_schemas(GrammarIR({"root": Choice((shared, Ref("x"))),
+                                        "x": Seq((shared, Literal(b"!")))}))
+    (root, rules), = made
+    assert all(ir.rules[name] is body for name, body in rules.items())
+    assert ir.rules["root"].alts[0] is ir.rules["x"].items[0]
+    assert ir.rules["x"].items[0].items[1] is root
 
 
 # ---------------------------------------------------------------------------- property tests
