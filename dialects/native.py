@@ -19,6 +19,8 @@ Assistant turns still in the live tool loop are replayed byte for byte from a
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -1185,12 +1187,25 @@ def render_native(
     add_generation_prompt: bool = True,
     **options: Any,
 ) -> str:
-    """Render ``history`` (a History, or messages of any of the three APIs) natively for ``dialect``."""
+    """Render ``history`` (a History, or messages of any of the three APIs) natively for ``dialect``.
+
+    ``options`` are the request's template variables: those the renderer does not read (say
+    ``reasoning_effort`` for Hermes) are ignored, as a chat template ignores them.
+    """
     try:
         renderer = NATIVE_DIALECTS[dialect]
     except KeyError:
         raise ValueError(f"unknown dialect {dialect!r}; known: {sorted(NATIVE_DIALECTS)}") from None
-    return renderer(history, tools, add_generation_prompt, **options)
+    read = _keywords(renderer)
+    return renderer(history, tools, add_generation_prompt,
+                    **{name: value for name, value in options.items() if name in read})
+
+
+@functools.cache
+def _keywords(renderer: Callable[..., str]) -> frozenset[str]:
+    """The keyword options a renderer takes."""
+    return frozenset(name for name, parameter in inspect.signature(renderer).parameters.items()
+                     if parameter.kind is inspect.Parameter.KEYWORD_ONLY)
 
 
 def replay_text(dialect: str, prompt: str, generated: str) -> str:

@@ -311,3 +311,23 @@ def test_noise_stays_inside_the_grammar(noise_engine: Engine, options: dict) -> 
             assert call["function"]["name"] == "lookup"
             jsonschema.validate(json.loads(call["function"]["arguments"]),
                                 NOISE_TOOL["function"]["parameters"])
+
+
+@pytest.mark.parametrize("dialect", ["harmony", "llmjp-harmony", "dsml"])
+def test_noise_writes_every_dialects_calls(noise_engine: Engine, dialect: str) -> None:
+    """The other dialects on the same model: SmolLM2's vocabulary has none of their special
+    tokens, so every tag is spelled, and still each finished call is well-formed and valid."""
+    engine = Engine(model=noise_engine.backend.path, dialect=dialect, dtype="float32")
+    results = engine.generate_batch([
+        {"messages": [{"role": "user", "content": "Go."}], "max_tokens": 150, "seed": seed,
+         "temperature": 1.0, "tools": [NOISE_TOOL], "tool_choice": "required",
+         "chat_template_kwargs": {"reasoning_effort": "none"}} for seed in range(3)])
+    finished = [result for result in results if result.finish_reason != "length"]
+    assert finished, [result.text for result in results]
+    for result in finished:
+        calls = result.message["tool_calls"]
+        assert calls and result.finish_reason == "tool_calls", result.text
+        for call in calls:
+            assert call["function"]["name"] == "lookup"
+            jsonschema.validate(json.loads(call["function"]["arguments"]),
+                                NOISE_TOOL["function"]["parameters"])

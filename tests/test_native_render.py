@@ -12,6 +12,7 @@ from pegmask.bench.shared_data import TEMPLATES_DIR
 from pegmask.dialects import get_dialect
 from pegmask.dialects.history import HistoryError, normalize_history, normalize_tools
 from pegmask.dialects.native import (
+    NATIVE_DIALECTS,
     llmjp_prompt_form,
     render_dsml_v4,
     render_native,
@@ -729,3 +730,13 @@ def test_llmjp_prompt_form_removes_one_tokenizer_space_per_special_token():
         '<|constrain|> json<|message|>{"a": 1}'
     )
     assert llmjp_prompt_form("plain text") == "plain text"
+
+
+@pytest.mark.parametrize("dialect", sorted(NATIVE_DIALECTS))
+def test_template_variables_a_renderer_does_not_read_are_ignored(dialect: str) -> None:
+    """As a chat template ignores variables it never reads (a request's reasoning_effort
+    reaches Hermes too)."""
+    messages = [{"role": "user", "content": "Hi"}]
+    assert render_native(dialect, messages, None, True, reasoning_effort="low",
+                         some_flag=True) == render_native(dialect, messages, None, True,
+                                                          reasoning_effort="low")
