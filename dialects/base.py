@@ -69,6 +69,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pegmask.dialects.request import ChatRequest
 from pegmask.grammars import Event, Grammar, ParseError
+from pegmask.grammars.ir import json_schema_node
 
 if TYPE_CHECKING:
     from pegmask.grammars.vocab import Vocabulary
@@ -371,8 +372,14 @@ class TurnDialect(Dialect):
                     schema=schema_name, params=params)
         return text + params_text, {schema_name: schema, **schemas}
 
+    #: what ends a raw parameter value, for dialects that write every string parameter raw
+    #: (constrained ones too: their schema then applies to the raw text); None: such strings
+    #: are written as JSON
+    raw_until: ClassVar[str | None] = None
+
     def raw_values(self, schema: Any) -> list[str] | None:
-        """How a parameter is written raw ([] any text, or its allowed values), None: as JSON."""
+        """How a parameter is written raw ([] any text, or its allowed values), None: as JSON
+        (or, with `raw_until`, a constrained raw string)."""
         return raw_string_values(schema)
 
     def param_rules(self, sections: dict[str, str], index: int,
@@ -391,7 +398,12 @@ class TurnDialect(Dialect):
         for j, (key, sub) in enumerate(properties.items()):
             rule, schema_name = f"p_{index}_{j}", f"s_{index}_{j}"
             values = self.raw_values(sub)
-            if values is None:
+            if values is None and self.raw_until is not None and schema_type(sub) == "string":
+                # a constrained string, still written raw: its schema applies to the raw text
+                schemas[schema_name] = json_schema_node({**defs, **sub}, raw_until=self.raw_until)
+                text += fill(sections["per string parameter"], i=index, j=j,
+                             key=peg_literal(key), value=f"json({schema_name})")
+            elif values is None:
                 text += fill(sections["per json parameter"], i=index, j=j,
                              key=peg_literal(key), schema=schema_name)
                 schemas[schema_name] = {**defs, **sub} if isinstance(sub, dict) else sub

@@ -115,8 +115,13 @@ def schema_to_rules(
     property_order: str = "schema",
     strict: bool = False,
     ignore_keywords: Iterable[str] = (),
+    raw_until: str | None = None,
 ) -> tuple[Node, dict[str, Node]]:
     """IR for the JSON texts valid under `schema`: (root node, rules it references).
+
+    `raw_until`: instead, the *raw text* of the strings `schema` accepts (a string schema:
+    lengths, patterns, formats, enums), unescaped, as XML-parameter tool calls write them,
+    never containing `raw_until` (the text that ends the value there).
 
     Every rule name starts with `prefix`. Raises `SchemaError` for an invalid schema (with the
     JSON pointer of the offending subschema) and `UnsupportedSchemaError` for a keyword the
@@ -136,7 +141,12 @@ def schema_to_rules(
         emitter = Emitter(lowering, prefix=prefix,
                           max_whitespace=max_whitespace if whitespace == "flexible" else 0,
                           any_order_limit=ANY_ORDER_MAX_PROPERTIES if property_order == "any" else 1)
-        root, rules = emitter.emit_root(root_schema)
+        if raw_until is not None:
+            if not raw_until:
+                raise GrammarError("raw_until must be a non-empty string")
+            root, rules = emitter.emit_raw_root(root_schema, raw_until)
+        else:
+            root, rules = emitter.emit_root(root_schema)
     except RecursionError as exc:
         raise SchemaError("schema is nested too deeply") from exc
     return root, rules

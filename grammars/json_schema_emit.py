@@ -162,6 +162,53 @@ class Emitter:
                               f"(the compiler's limit is {DEFAULT_MAX_INSTRUCTIONS})")
         return root, self.rules
 
+    def emit_raw_root(self, schema: Schema, stop: str) -> tuple[Node, dict[str, Node]]:
+        """The strings `schema` accepts, written raw (unescaped, as XML-parameter dialects
+        write string values) and never containing `stop`, which ends the value."""
+        atoms = list(schema.atoms) if schema is not ANY else [StringAtom(), NullAtom()]
+        for _ in range(64):  # a chain of `$ref`s to the string schema
+            refs = [a for a in atoms if isinstance(a, RefAtom)]
+            if not refs:
+                break
+            atoms = [a for a in atoms if not isinstance(a, RefAtom)]
+            atoms += [b for a in refs for b in self.algebra.expand_ref(a).atoms]
+        words = [a.value for a in atoms if isinstance(a, ConstAtom) and isinstance(a.value, str)]
+        strings = [a for a in atoms if isinstance(a, StringAtom)]
+        if len(words) + len(strings) != len(atoms):
+            raise UnsupportedSchemaError("type", "", "a raw value must be a string")
+        try:
+            ends_early = CharDFA.from_node(seq(_ANY_TEXT, Literal.of(stop), _ANY_TEXT))
+            languages = [self.raw_language(a) for a in strings]
+            if words:
+                languages.append(Bounded(CharDFA.from_strings(words)))
+            languages = [Bounded(b.dfa.difference(ends_early), b.lo, b.hi)
+                         for b in languages if b is not None]
+            if len(languages) > 1:  # a union: the length bounds go into the automata
+                union = languages[0].dfa.with_length(languages[0].lo, languages[0].hi)
+                for b in languages[1:]:
+                    union = union.union(b.dfa.with_length(b.lo, b.hi))
+                languages = [Bounded(union)]
+            base = self.fresh("raw")
+            made = language_ir(languages[0], lambda key: base + "_" + "_".join(map(str, key))) \
+                if languages else None
+        except (RegularTooLarge, NotCharLevel) as exc:
+            pointer = strings[0].pointer if strings else ""
+            raise UnsupportedSchemaError("pattern", pointer, str(exc)) from exc
+        if made is None:
+            raise SchemaError("the schema accepts no raw string value")
+        node, rules = made
+        self.rules.update(rules)
+        return node, self.rules
+
+    def raw_language(self, atom: StringAtom) -> Bounded | None:
+        """`string_language(atom)` as a DFA with its length bounds (None: no string)."""
+        if not (atom.patterns or atom.formats or atom.not_patterns or atom.excluded):
+            return Bounded(CharDFA.from_node(_ANY_TEXT), atom.min_length, atom.max_length)
+        language = self.string_language(atom)
+        if language is None or isinstance(language, Bounded):
+            return language
+        return Bounded(CharDFA.from_node(language))
+
     def emit(self, schema: Schema) -> Node:
         if schema is ANY:
             return self.any_value()

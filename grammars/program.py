@@ -19,7 +19,7 @@ Instructions are stored in parallel lists (fast to index from the interpreters):
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pegmask.grammars.errors import GrammarError
@@ -68,9 +68,6 @@ class Program:
 
     def __len__(self) -> int:
         return len(self.kind)
-
-
-JsonSchemaExpander = Callable[[JsonSchema, str], tuple[Node, dict[str, Node]]]
 
 
 def expand_json_schemas(ir: GrammarIR) -> GrammarIR:

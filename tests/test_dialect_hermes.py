@@ -163,6 +163,18 @@ def test_typed_xml_values_follow_the_tool_schema():
         output, request, seed=7)
 
 
+def test_raw_xml_strings_obey_their_schema():
+    """A constrained string parameter is still written raw; its schema applies to that text."""
+    tool = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "required": ["code", "note"], "properties": {
+            "code": {"type": "string", "pattern": "^[A-Z]{3}$"},
+            "note": {"type": "string", "maxLength": 6}}}}}
+    grammar = get_dialect("hermes-xml", reasoning=False).grammar(ChatRequest(tools=[tool]))
+    for code, note, ok in (("JFK", "a\nb \"c", True), ("JFK", "", True), ("jfk", "x", False),
+                           ("JFKX", "x", False), ("JFK", "seven!!", False)):
+        assert grammar.matches(xml_call("f", code=code, note=note)) == ok, (code, note)
+
+
 # --------------------------------------------------------------------------- per-request grammars
 def hermes_call(name: str, arguments: str) -> str:
     return f'<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call>'

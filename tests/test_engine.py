@@ -313,7 +313,7 @@ def test_noise_stays_inside_the_grammar(noise_engine: Engine, options: dict) -> 
                                 NOISE_TOOL["function"]["parameters"])
 
 
-@pytest.mark.parametrize("dialect", ["harmony", "llmjp-harmony", "dsml"])
+@pytest.mark.parametrize("dialect", ["harmony", "llmjp-harmony", "dsml", "hermes-xml"])
 def test_noise_writes_every_dialects_calls(noise_engine: Engine, dialect: str) -> None:
     """The other dialects on the same model: SmolLM2's vocabulary has none of their special
     tokens, so every tag is spelled, and still each finished call is well-formed and valid."""

@@ -615,3 +615,28 @@ def test_full_agreement_and_coverage() -> None:
     report = measure()
     assert report.coverage >= 0.90, report.summary()
     assert report.agreement >= 0.97, report.summary()
+
+
+# ---------------------------------------------------------------------------- raw strings
+@pytest.mark.parametrize(("schema", "valid", "invalid"), [
+    ({"type": "string", "maxLength": 5}, ["", "a\\nb", 'é"<x>'], ["abcdef", "a\n</p>"]),
+    ({"type": "string", "pattern": "^[A-Z]{3}$"}, ["JFK"], ["jfk", "JFKX", ""]),
+    ({"type": "string", "format": "date"}, ["2024-01-02"], ["2024-1-2"]),
+    ({"enum": ["a", "b c"]}, ["a", "b c"], ["c", '"a"']),
+    ({"$defs": {"s": {"type": "string", "minLength": 2}}, "$ref": "#/$defs/s"}, ["ab"], ["a"]),
+    ({"type": "string"}, ['any " \\ text', "x" * 300], ["x\n</p>y"]),
+])
+def test_raw_strings_are_the_unescaped_text(schema: Any, valid: list[str], invalid: list[str]) -> None:
+    """`raw_until`: a string parameter as XML-style tool calls write it (no quotes, no escapes),
+    never containing the text that ends it."""
+    grammar = Grammar.from_json_schema(schema, raw_until="\n</p>")
+    assert all(grammar.matches(text) for text in valid)
+    assert not any(grammar.matches(text) for text in invalid)
+
+
+def test_raw_strings_need_a_string_schema() -> None:
+    for schema in ({"type": "integer"}, {"type": ["string", "null"]}):
+        with pytest.raises(UnsupportedSchemaError):
+            Grammar.from_json_schema(schema, raw_until="\n</p>")
+    with pytest.raises(GrammarError):
+        Grammar.from_json_schema({"type": "string"}, raw_until="")
