@@ -62,14 +62,14 @@ import json
 import random
 import uuid
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from string import Template
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pegmask.dialects.request import ChatRequest
 from pegmask.grammars import Event, Grammar, ParseError
-from pegmask.grammars.ir import json_schema_node
+from pegmask.grammars.ir import JsonSchema, json_schema_node
 
 if TYPE_CHECKING:
     from pegmask.grammars.vocab import Vocabulary
@@ -276,6 +276,7 @@ class Dialect:
             "tools": {name: request.tool_schemas[name] for name in request.allowed_tools},
             "min": request.min_calls,
             "max": request.max_calls,
+            "strict": sorted(request.strict_tools & set(request.allowed_tools)),
         }
         return (True, reasoning, json.dumps(shape, sort_keys=True), request.response_grammar)
 
@@ -334,8 +335,7 @@ class TurnDialect(Dialect):
         if strict and request.allowed_tools:
             bodies = []
             for i, name in enumerate(request.allowed_tools):
-                tool_text, tool_schemas = self.tool_rules(sections, i, name,
-                                                          request.tool_schemas[name])
+                tool_text, tool_schemas = self.tool_rules(sections, i, name, request)
                 bodies.append(tool_text)
                 schemas.update(tool_schemas)
             tools = alternatives([f"tool_{i}" for i in range(len(bodies))])
@@ -358,19 +358,23 @@ class TurnDialect(Dialect):
         return "per tool"
 
     def tool_rules(self, sections: dict[str, str], index: int, name: str,
-                   schema: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-        """The strict rules of tool `index` (rule `tool_<index>`) and their schemas.
+                   request: ChatRequest) -> tuple[str, dict[str, Any]]:
+        """The strict rules of tool `index` (rule `tool_<index>`) and their schemas (grammar
+        nodes, see `ChatRequest.arguments_grammar`).
 
         The template gets `$i`, `$name` / `$name_json` (the name as a PEG literal, raw or as a
         JSON string), `$schema` (the arguments' schema name) and `$params` (the parameter list,
         for dialects with ``#@ per string parameter`` / ``#@ per json parameter`` sections).
         """
         schema_name = f"s_{index}"
-        params_text, params, schemas = self.param_rules(sections, index, schema)
+        schema = request.tool_schemas[name]
+        params_text, params, schemas = self.param_rules(
+            sections, index, schema, lambda part: request.arguments_grammar(name, part))
         text = fill(sections[self.tool_section()], i=index, name=peg_literal(name),
                     name_json=peg_literal(json.dumps(name, ensure_ascii=False)),
                     schema=schema_name, params=params)
-        return text + params_text, {schema_name: schema, **schemas}
+        return text + params_text, {schema_name: request.arguments_grammar(name, schema),
+                                    **schemas}
 
     #: what ends a raw parameter value, for dialects that write every string parameter raw
     #: (constrained ones too: their schema then applies to the raw text); None: such strings
@@ -382,11 +386,12 @@ class TurnDialect(Dialect):
         (or, with `raw_until`, a constrained raw string)."""
         return raw_string_values(schema)
 
-    def param_rules(self, sections: dict[str, str], index: int,
-                    schema: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
+    def param_rules(self, sections: dict[str, str], index: int, schema: dict[str, Any],
+                    grammar_of: Callable[[Any], JsonSchema]) -> tuple[str, str, dict[str, Any]]:
         """Rules `p_<index>_<j>` for the declared properties, the expression listing them
         (required ones in order, then each optional one at most once, joined by `param_sep`)
-        and the schemas of the JSON-valued ones. No declared properties: `any_params`."""
+        and the grammars (`grammar_of(schema)`) of the JSON-valued ones. No declared
+        properties: `any_params`."""
         if "per json parameter" not in sections:
             return "", '""', {}
         properties = schema.get("properties")
@@ -406,7 +411,7 @@ class TurnDialect(Dialect):
             elif values is None:
                 text += fill(sections["per json parameter"], i=index, j=j,
                              key=peg_literal(key), schema=schema_name)
-                schemas[schema_name] = {**defs, **sub} if isinstance(sub, dict) else sub
+                schemas[schema_name] = grammar_of({**defs, **sub} if isinstance(sub, dict) else sub)
             else:
                 value = alternatives([peg_literal(v) for v in values]) if values else "raw"
                 text += fill(sections["per string parameter"], i=index, j=j,

@@ -45,7 +45,8 @@ class HarmonyDialect(Dialect):
         spacing = (fill(load_peg(self.spacing_file), spaces=self.STRICT_SPACES if strict else "")
                    if self.spacing_file else sections["spacing"])
         tools = request.allowed_tools if strict else []
-        schemas: dict[str, Any] = {f"s_{i}": request.tool_schemas[n] for i, n in enumerate(tools)}
+        schemas: dict[str, Any] = {f"s_{i}": request.arguments_grammar(n, request.tool_schemas[n])
+                                   for i, n in enumerate(tools)}
         if tools:
             instances = [(str(i), peg_literal(name), f"json(s_{i})") for i, name in enumerate(tools)]
         else:  # lenient: any name, any JSON; strict without tools: defined but unreachable

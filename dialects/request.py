@@ -14,6 +14,8 @@ Public API (stable; other dialects and the engine build on it)::
                       response_format={"type": "json_schema", "json_schema": {"schema": {...}}})
     req = ChatRequest.from_openai(body)      # an OpenAI request body (extra keys ignored)
     req.tool_schemas       -> {name: parameters schema} of every declared tool, in order
+    req.arguments_grammar(name, schema) -> the grammar node of a tool's (part) schema
+                              ("strict": true tools: objects closed)
     req.allowed_tools      -> the names a call may use (tool_choice applied; [] for "none")
     req.min_calls          -> 1 for "required" / a named tool, else 0
     req.max_calls          -> 0 if no call can start, 1 without parallel calls, None = unbounded
@@ -56,7 +58,7 @@ class ChatRequest:
     def __post_init__(self) -> None:
         self.tools = list(self.tools or [])
         self.chat_template_kwargs = dict(self.chat_template_kwargs or {})
-        self._schemas = _tool_schemas(self.tools)
+        self._schemas, self._strict_tools = _tool_schemas(self.tools)
         self._named = _named_tool(self.tool_choice)
         if self._named is not None and self._named not in self._schemas:
             raise RequestError(f"tool_choice names {self._named!r}, which is not among the tools",
@@ -86,6 +88,17 @@ class ChatRequest:
     def tool_schemas(self) -> dict[str, dict[str, Any]]:
         """Every declared tool's name and parameters schema, in declaration order."""
         return self._schemas
+
+    def arguments_grammar(self, name: str, schema: Any) -> JsonSchema:
+        """`schema` (tool `name`'s parameters, or a part of them) as a grammar node for
+        `json(...)`: a tool declared with `"strict": true` takes no properties beyond the
+        declared ones (OpenAI's strict function calling)."""
+        return json_schema_node(schema, strict=name in self._strict_tools)
+
+    @property
+    def strict_tools(self) -> frozenset[str]:
+        """Names of the tools declared with `"strict": true`."""
+        return self._strict_tools
 
     @property
     def named_tool(self) -> str | None:
@@ -141,9 +154,11 @@ class ChatRequest:
         return default
 
 
-def _tool_schemas(tools: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Name -> parameters schema; accepts OpenAI tool dicts and bare function dicts."""
+def _tool_schemas(tools: list[dict[str, Any]]) -> tuple[dict[str, dict[str, Any]], frozenset[str]]:
+    """(name -> parameters schema, names of strict tools); accepts OpenAI tool dicts and bare
+    function dicts."""
     schemas: dict[str, dict[str, Any]] = {}
+    strict: set[str] = set()
     for i, tool in enumerate(tools):
         if not isinstance(tool, dict):
             raise RequestError(f"tools[{i}] is not an object", "tools")
@@ -161,7 +176,11 @@ def _tool_schemas(tools: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         if not isinstance(parameters, dict):
             raise RequestError(f"tool {name!r}: parameters must be a JSON Schema object", "tools")
         schemas[name] = parameters
-    return schemas
+        if function.get("strict") not in (None, False, True):
+            raise RequestError(f"tool {name!r}: strict must be a boolean", "tools")
+        if function.get("strict"):
+            strict.add(name)
+    return schemas, frozenset(strict)
 
 
 def _named_tool(tool_choice: ToolChoice) -> str | None:

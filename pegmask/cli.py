@@ -177,6 +177,7 @@ def _print_delta(delta: dict[str, Any]) -> None:
 DEMO_TOOLS = [{"type": "function", "function": {
     "name": "get_weather",
     "description": "Current weather in a city",
+    "strict": True,
     "parameters": {"type": "object", "properties": {
         "city": {"type": "string"},
         "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},

@@ -246,6 +246,35 @@ def test_response_format_constrains_the_answer():
     assert not with_tools.matches("") and not with_tools.matches('{"answer": 1}' + call)
 
 
+@pytest.mark.parametrize("dialect_name", ["hermes", "hermes-xml", "harmony", "dsml"])
+def test_strict_tools_close_their_arguments(dialect_name):
+    """A function declared with "strict": true takes no arguments beyond its declared ones, at
+    any depth (OpenAI's strict function calling); without it, JSON Schema's open objects."""
+    def tool(strict):
+        return {"type": "function", "function": {"name": "f", "strict": strict, "parameters": {
+            "type": "object", "properties": {"o": {"type": "object", "properties": {
+                "a": {"type": "integer"}}}}, "required": ["o"]}}}
+    calls = {
+        "hermes": lambda args: hermes_call("f", json.dumps(args)),
+        "hermes-xml": lambda args: xml_call("f", o=json.dumps(args["o"])),
+        "harmony": lambda args: ("<|channel|>commentary to=functions.f <|constrain|>json"
+                                 f"<|message|>{json.dumps(args)}<|call|>"),
+        "dsml": lambda args: DSML_CALL.format(json.dumps(args["o"])),
+    }
+    for strict in (False, True):
+        request = ChatRequest(tools=[tool(strict)], tool_choice="required",
+                              chat_template_kwargs={"reasoning_effort": "none"})
+        grammar = get_dialect(dialect_name).grammar(request)
+        assert grammar.matches(calls[dialect_name]({"o": {"a": 1}}))
+        assert grammar.matches(calls[dialect_name]({"o": {"a": 1, "b": 2}})) is not strict
+    with pytest.raises(RequestError):
+        ChatRequest(tools=[tool("yes")])
+
+
+DSML_CALL = ("<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n<｜DSML｜parameter name=\"o\" "
+             "string=\"false\">{}</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>")
+
+
 @pytest.mark.parametrize("dialect_name", ["hermes", "harmony", "dsml"])
 def test_strict_response_format_closes_objects(dialect_name):
     """OpenAI's strict mode: no properties beyond the declared ones, at any depth."""
