@@ -37,6 +37,7 @@ class SpellingLexer:
         #: bytes that can start a spelling: any other byte, with nothing held back, is plain
         self.first_bytes = frozenset(spelling[0] for spelling in self.spellings)
         self._firsts = tuple(bytes((b,)) for b in sorted(self.first_bytes))
+        self._longest = max(map(len, self.spellings), default=0)
 
     def __bool__(self) -> bool:
         return bool(self.spellings)
@@ -53,15 +54,15 @@ class SpellingLexer:
             out.extend((b, bytes((b,))) for b in data[i:j])
             if j == n:
                 break
-            i, rest = j, data[j:]
+            i = j
             for spelling, symbol in self.spellings.items():
-                if rest.startswith(spelling):
+                if data.startswith(spelling, i):
                     out.append((symbol, spelling))
                     i += len(spelling)
                     break
             else:
-                if rest in self._prefixes:
-                    return tuple(out), rest
+                if n - i < self._longest and data[i:] in self._prefixes:
+                    return tuple(out), data[i:]
                 out.append((data[i], data[i : i + 1]))
                 i += 1
         return tuple(out), b""
