@@ -406,14 +406,16 @@ class TurnDialect(Dialect):
             if values is None and self.raw_until is not None and schema_type(sub) == "string":
                 # a constrained string, still written raw: its schema applies to the raw text
                 schemas[schema_name] = json_schema_node({**defs, **sub}, raw_until=self.raw_until)
-                text += fill(sections["per string parameter"], i=index, j=j,
-                             key=peg_literal(key), value=f"json({schema_name})")
+                value: str | None = f"json({schema_name})"
             elif values is None:
+                value = None
+            else:
+                value = alternatives([peg_literal(v) for v in values]) if values else "raw"
+            if value is None:
                 text += fill(sections["per json parameter"], i=index, j=j,
                              key=peg_literal(key), schema=schema_name)
                 schemas[schema_name] = grammar_of({**defs, **sub} if isinstance(sub, dict) else sub)
             else:
-                value = alternatives([peg_literal(v) for v in values]) if values else "raw"
                 text += fill(sections["per string parameter"], i=index, j=j,
                              key=peg_literal(key), value=value)
             (needed if key in required else optional).append(rule)

@@ -209,4 +209,3 @@ def collect_specials(rules: Mapping[str, Node]) -> set[str]:
             found.add(node.name)
         stack.extend(children(node))
     return found
-

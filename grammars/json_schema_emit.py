@@ -165,7 +165,9 @@ class Emitter:
     def emit_raw_root(self, schema: Schema, stop: str) -> tuple[Node, dict[str, Node]]:
         """The strings `schema` accepts, written raw (unescaped, as XML-parameter dialects
         write string values) and never containing `stop`, which ends the value."""
-        atoms = list(schema.atoms) if schema is not ANY else [StringAtom(), NullAtom()]
+        if schema is ANY:
+            raise UnsupportedSchemaError("type", "", "a raw value must be a string")
+        atoms = list(schema.atoms)
         for _ in range(64):  # a chain of `$ref`s to the string schema
             refs = [a for a in atoms if isinstance(a, RefAtom)]
             if not refs:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from pegmask.grammars.errors import ParseError
 from pegmask.grammars.program import CLOSE, OPEN, SPECIAL_BASE, Program
 from pegmask.grammars.runtime import Log, Runtime, Thread
-from pegmask.grammars.spelling import Lexeme, SpellingLexer, spelled_specials
+from pegmask.grammars.spelling import Lexeme, SpellingLexer, specials_lexer, spelled_specials
 
 if TYPE_CHECKING:
     from pegmask.grammars.vocab import Vocabulary
@@ -83,8 +83,7 @@ class StreamParser:
     def __init__(self, program: Program, runtime: Runtime | None = None):
         self.program = program
         self.runtime = runtime or Runtime(program)
-        self._text_lexer = SpellingLexer(
-            {name.encode(): SPECIAL_BASE + i for i, name in enumerate(program.specials)})
+        self._text_lexer = specials_lexer(program)  # text spells every special token
         self._token_lexer: tuple[Vocabulary, SpellingLexer] | None = None
         self.reset()
 

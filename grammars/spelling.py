@@ -14,7 +14,7 @@ a token id) held-back bytes are plain bytes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from typing import TYPE_CHECKING
 
 from pegmask.grammars.program import SPECIAL_BASE, Program
@@ -73,10 +73,15 @@ class SpellingLexer:
         return tuple((b, bytes((b,))) for b in held)
 
 
+def specials_lexer(program: Program, known: Container[str] = ()) -> SpellingLexer:
+    """The lexer for the grammar's special tokens, except those in `known`."""
+    return SpellingLexer({
+        name.encode("utf-8"): SPECIAL_BASE + i
+        for i, name in enumerate(program.specials) if name not in known
+    })
+
+
 def spelled_specials(program: Program, vocab: Vocabulary) -> SpellingLexer:
     """The lexer for the grammar's special tokens that `vocab` has no id for: a model with that
     vocabulary can only write them as text, and they stay atomic all the same."""
-    return SpellingLexer({
-        name.encode("utf-8"): SPECIAL_BASE + i
-        for i, name in enumerate(program.specials) if name not in vocab.special_ids
-    })
+    return specials_lexer(program, vocab.special_ids)
