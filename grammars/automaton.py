@@ -13,6 +13,7 @@ byte transitions are memoized in a dense table, so that:
 from __future__ import annotations
 
 import functools
+from array import array
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -23,7 +24,13 @@ from pegmask.grammars.grammar import Grammar
 from pegmask.grammars.program import BYTE, SPECIAL, SPECIAL_BASE, Program
 from pegmask.grammars.runtime import DEFAULT_MAX_DEPTH, Runtime
 from pegmask.grammars.spelling import Lexeme, spelled_specials
-from pegmask.grammars.token_trie import PLAIN_ASCII, PLAIN_MULTIBYTE, TokenTrie, token_trie
+from pegmask.grammars.token_trie import (
+    PLAIN_ASCII,
+    PLAIN_MULTIBYTE,
+    TokenTrie,
+    run_trie,
+    token_trie,
+)
 from pegmask.kernels.bitmask import pack_bool_mask
 
 if TYPE_CHECKING:
@@ -32,21 +39,37 @@ if TYPE_CHECKING:
 DEAD = 0
 UNKNOWN = -1
 DEFAULT_MASK_CACHE_BYTES = 256 * 1024 * 1024
-_NARROW_FRONTIER = 48
+_NARROW_FRONTIER = 48  # walk depth-first below a level with at most this many children
+
+_UNKNOWN_ROW = array("i", [UNKNOWN] * 256)
+Threads = tuple[tuple[int, int], ...]  # a configuration's (pc, stack) pairs
+
+
+@functools.lru_cache(maxsize=4096)
+def _bytes_of(table: bytes) -> tuple[int, ...]:
+    """The bytes an accept table accepts (memoized: grammars share their byte classes)."""
+    return tuple(np.flatnonzero(np.frombuffer(table, dtype=np.uint8)).tolist())
+
+
+@functools.lru_cache(maxsize=4096)
+def _byte_groups(tables: tuple[bytes, ...]) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    """The bytes some of `tables` accept, grouped by which of them accept each byte (as a
+    bit set): bytes of one group lead threads parked on those tables to one configuration."""
+    groups: dict[int, list[int]] = {}
+    for byte in range(256):
+        members = 0
+        for i, table in enumerate(tables):
+            if table[byte]:
+                members |= 1 << i
+        if members:
+            groups.setdefault(members, []).append(byte)
+    return tuple((members, tuple(group)) for members, group in groups.items())
 
 
 def _accepted_bytes(program: Program) -> list[tuple[int, ...]]:
     """Per instruction, the bytes it consumes (empty for every other instruction)."""
-    by_table: dict[bytes, tuple[int, ...]] = {}
-    result: list[tuple[int, ...]] = []
-    for kind, table in zip(program.kind, program.accept, strict=False):
-        if kind != BYTE:
-            result.append(())
-            continue
-        if table not in by_table:
-            by_table[table] = tuple(i for i, ok in enumerate(table) if ok)
-        result.append(by_table[table])
-    return result
+    return [_bytes_of(table) if kind == BYTE else ()
+            for kind, table in zip(program.kind, program.accept, strict=True)]
 
 
 class CompiledGrammar:
@@ -74,6 +97,7 @@ class CompiledGrammar:
             if token_id is not None:
                 self.special_symbol[token_id] = self.program.special_symbol(name)
         self.lexer = spelled_specials(self.program, vocab)
+        self._lexed = bool(self.lexer)  # read often: a plain attribute
         self._split = functools.lru_cache(maxsize=None)(self.lexer.split)
         self._plain_ascii = tuple(b for b in PLAIN_ASCII if b not in self.lexer.first_bytes)
         self.trie: TokenTrie = token_trie(vocab, self.lexer.first_bytes)
@@ -85,13 +109,13 @@ class CompiledGrammar:
         # With spelled specials, a configuration may also hold back bytes that can still
         # become a special token: `_held[c]` (b"" for most) after the threads of `_base[c]`;
         # such configurations have no threads of their own.
-        self._threads: list[list[tuple[int, int, Any]]] = [[]]
+        self._threads: list[Threads] = [()]
         self._ids: dict[tuple, int] = {(): DEAD}
         self._accepting: list[bool] = [False]
         # Transitions are computed one byte at a time where a walk needs only a few (deep in
         # the trie), a whole row at a time where it needs many; `_complete` marks whole rows.
-        self._rows: list[list[int]] = [[DEAD] * 256]
-        self._thread_rows: list[list[int]] = [self._rows[0]]
+        self._rows: list[array] = [array("i", bytes(1024))]  # DEAD everywhere
+        self._thread_rows: list[array] = [self._rows[0]]
         self._complete: list[bool] = [True]
         self._held: list[bytes] = [b""]
         self._base: list[int] = [DEAD]
@@ -100,35 +124,35 @@ class CompiledGrammar:
         self._special_next: dict[tuple[int, int], int] = {}
         self._closures: dict[tuple, int] = {}
         self._plain_loop: dict[int, bool] = {}
+        self._run_splits: dict[int, tuple[int, int, bytes, int] | None] = {}
         self._accepted_bytes = _accepted_bytes(self.program)
         never = bytes(256)
         self._accept_tables = [table if kind == BYTE else never
                                for kind, table in zip(self.program.kind, self.program.accept,
                                                       strict=True)]
-        self._masks: OrderedDict[int, tuple[np.ndarray, bool]] = OrderedDict()
+        self._masks: OrderedDict[int, tuple[np.ndarray, bool, memoryview]] = OrderedDict()
         self._mask_cache_bytes = mask_cache_bytes
-        threads, matched = self.runtime.initial()
-        self.initial_state = self._intern(threads, bool(matched))
+        self.initial_state = self._intern_closure(((self.program.start, 0),))
 
     # ----------------------------------------------------------------- configurations
-    def _intern(self, threads: list[tuple[int, int, Any]], accepting: bool) -> int:
+    def _intern(self, threads: Threads, accepting: bool) -> int:
         if not threads and not accepting:
             return DEAD
         # Closure output never repeats a (pc, stack) pair, so sorting the pairs is canonical.
-        key = (accepting, *sorted([(pc, stack) for pc, stack, _ in threads]))
+        key = (accepting, *sorted(threads))
         config = self._ids.get(key)
         if config is None:
             config = self._ids[key] = self._new_config(threads, accepting, b"")
         return config
 
-    def _new_config(self, threads: list[tuple[int, int, Any]], accepting: bool, held: bytes,
+    def _new_config(self, threads: Threads, accepting: bool, held: bytes,
                     base: int | None = None) -> int:
         config = len(self._threads)
         self._threads.append(threads)
         self._accepting.append(accepting)
-        row = [UNKNOWN] * 256
+        row = _UNKNOWN_ROW[:]
         self._rows.append(row)
-        self._thread_rows.append([UNKNOWN] * 256 if self.lexer else row)
+        self._thread_rows.append(_UNKNOWN_ROW[:] if self._lexed else row)
         self._complete.append(False)
         self._held.append(held)
         self._base.append(config if base is None else base)
@@ -146,7 +170,7 @@ class CompiledGrammar:
         if config is None:
             if self._held_is_alive(base, held):
                 flushed = self._thread_walk(base, held)
-                config = self._new_config([], self._accepting[flushed], held, base)
+                config = self._new_config((), self._accepting[flushed], held, base)
             else:
                 config = DEAD
             self._ids[key] = config
@@ -190,17 +214,15 @@ class CompiledGrammar:
                     return True
         return False
 
-    def _intern_closure(self, seeds: list[tuple[int, int, Any]]) -> int:
+    def _intern_closure(self, seeds: Threads) -> int:
         """Configuration of the closure of `seeds`; memoized, since many byte steps of
         different configurations land on the same seeds."""
-        key = tuple([(pc, stack) for pc, stack, _ in seeds])
-        config = self._closures.get(key)
+        config = self._closures.get(seeds)
         if config is None:
-            threads, matched = self.runtime.closure(seeds, 0, False)
-            config = self._closures[key] = self._intern(threads, bool(matched))
+            config = self._closures[seeds] = self._intern(*self.runtime.reach(seeds))
         return config
 
-    def _row(self, config: int) -> list[int]:
+    def _row(self, config: int) -> array:
         """All 256 byte transitions of `config` (through the spelled-specials lexer, if the
         grammar has any), computed on first use."""
         row = self._rows[config]
@@ -209,8 +231,8 @@ class CompiledGrammar:
         held = self._held[config]
         if held:
             base, split, walk = self._base[config], self._split, self._after_lexemes
-            row[:] = [walk(base, *split(held + bytes((byte,)))) for byte in range(256)]
-        elif self.lexer:
+            row[:] = array("i", [walk(base, *split(held + bytes((byte,)))) for byte in range(256)])
+        elif self._lexed:
             row[:] = self._thread_row(config)
             for byte in self.lexer.first_bytes:
                 row[byte] = self._after_lexemes(config, *self._split(bytes((byte,))))
@@ -226,7 +248,7 @@ class CompiledGrammar:
         nxt = row[byte]
         if nxt != UNKNOWN:
             return nxt
-        if not self.lexer:
+        if not self._lexed:
             return self._thread_byte(config, byte)  # fills this row
         held = self._held[config]
         if held:
@@ -239,41 +261,26 @@ class CompiledGrammar:
         self._table[config, byte] = nxt
         return nxt
 
-    def _thread_row(self, config: int) -> list[int]:
+    def _thread_row(self, config: int) -> array:
         """The 256 byte transitions of a configuration's threads, read as plain bytes.
 
         Bytes accepted by the same subset of threads lead to the same configuration, so the
         runtime steps once per distinct subset (a handful), not once per byte.
         """
         row = self._thread_rows[config]
-        if self._complete[config] or (self.lexer and UNKNOWN not in row):
+        if self._complete[config] or (self._lexed and UNKNOWN not in row):
             return row
-        program, accepted = self.program, self._accepted_bytes
-        movers = [(pc, stack) for pc, stack, _ in self._threads[config] if accepted[pc]]
-        full = [DEAD] * 256
-        if len(movers) == 1:
-            pc, stack = movers[0]
-            nxt = self._intern_closure([(program.arg[pc], stack, None)])
-            for byte in accepted[pc]:
+        arg, accepted = self.program.arg, self._accepted_bytes
+        movers = [(pc, stack) for pc, stack in self._threads[config] if accepted[pc]]
+        full = array("i", bytes(1024))
+        for members, group in _byte_groups(tuple([self._accept_tables[pc] for pc, _ in movers])):
+            seeds = tuple([(arg[pc], stack)
+                           for i, (pc, stack) in enumerate(movers) if members >> i & 1])
+            nxt = self._intern_closure(seeds)
+            for byte in group:
                 full[byte] = nxt
-        elif movers:
-            signature = [0] * 256
-            for i, (pc, _) in enumerate(movers):
-                bit = 1 << i
-                for byte in accepted[pc]:
-                    signature[byte] |= bit
-            groups: dict[int, list[int]] = {}
-            for byte, sig in enumerate(signature):
-                if sig:
-                    groups.setdefault(sig, []).append(byte)
-            for sig, group in groups.items():
-                seeds = [(program.arg[pc], stack, None)
-                         for i, (pc, stack) in enumerate(movers) if sig >> i & 1]
-                nxt = self._intern_closure(seeds)
-                for byte in group:
-                    full[byte] = nxt
         row[:] = full
-        if not self.lexer:
+        if not self._lexed:
             self._complete[config] = True
             self._table[config] = row
         return row
@@ -284,10 +291,10 @@ class CompiledGrammar:
         nxt = row[byte]
         if nxt == UNKNOWN:
             arg, accept = self.program.arg, self._accept_tables
-            seeds = [(arg[pc], stack, None) for pc, stack, _ in self._threads[config]
-                     if accept[pc][byte]]
+            seeds = tuple([(arg[pc], stack) for pc, stack in self._threads[config]
+                           if accept[pc][byte]])
             nxt = row[byte] = self._intern_closure(seeds) if seeds else DEAD
-            if not self.lexer:
+            if not self._lexed:
                 self._table[config, byte] = nxt
         return nxt
 
@@ -300,8 +307,10 @@ class CompiledGrammar:
         key = (config, symbol)
         nxt = self._special_next.get(key)
         if nxt is None:
-            threads, matched = self.runtime.step(self._threads[config], symbol, 0, False)
-            nxt = self._special_next[key] = self._intern(threads, bool(matched))
+            program = self.program
+            seeds = tuple([(program.arg[pc], stack) for pc, stack in self._threads[config]
+                           if program.kind[pc] == SPECIAL and program.aux[pc] == symbol])
+            nxt = self._special_next[key] = self._intern_closure(seeds) if seeds else DEAD
         return nxt
 
     def _thread_walk(self, config: int, symbols: Iterable[int] | Iterable[Lexeme]) -> int:
@@ -351,7 +360,7 @@ class CompiledGrammar:
         """The single byte every continuation must start with, or None."""
         if self._accepting[config]:
             return None
-        if self.lexer:  # read off the lexed transitions
+        if self._lexed:  # read off the lexed transitions
             if any(self.next_state(config, s) != DEAD for s in self.special_symbol.values()):
                 return None
             row = self._row(config)
@@ -359,7 +368,7 @@ class CompiledGrammar:
             return bytes(live) if len(live) == 1 else None
         kind = self.program.kind
         allowed: set[int] = set()
-        for pc, _, _ in self._threads[config]:
+        for pc, _ in self._threads[config]:
             if kind[pc] == SPECIAL:
                 return None
             allowed.update(self._accepted_bytes[pc])
@@ -370,10 +379,24 @@ class CompiledGrammar:
     # ----------------------------------------------------------------- masks
     def mask(self, config: int) -> tuple[np.ndarray, bool]:
         """(packed int32 bitmask of allowed tokens, whether every ordinary token is allowed)."""
+        packed, free, _ = self.cached_mask(config)
+        return packed, free
+
+    def cached_mask(self, config: int) -> tuple[np.ndarray, bool, memoryview]:
+        """`mask`, plus the bytes of the packed mask (a memoryview: the cheapest copy source)."""
         cached = self._masks.get(config)
         if cached is not None:
             self._masks.move_to_end(config)
             return cached
+        split = self._run_split(config)
+        packed, free = self._run_mask(*split) if split is not None else self._walked_mask(config)
+        entry = self._masks[config] = (packed, free, memoryview(packed).cast("B"))
+        while len(self._masks) * packed.nbytes > self._mask_cache_bytes and len(self._masks) > 1:
+            self._masks.popitem(last=False)
+        return entry
+
+    def _walked_mask(self, config: int) -> tuple[np.ndarray, bool]:
+        """`mask` by a walk of the whole vocabulary trie (of its non-plain tokens inside text)."""
         allowed = np.zeros(self.vocab.size, dtype=bool)
         free = False
         if config != DEAD:
@@ -394,12 +417,47 @@ class CompiledGrammar:
                     allowed[token_id] = True
             if self._accepting[config]:
                 allowed[[t for t in self.stop_ids if t < self.vocab.size]] = True
-        packed = pack_bool_mask(allowed, self.vocab.size)
-        entry = (packed, free)
-        self._masks[config] = entry
-        while len(self._masks) * packed.nbytes > self._mask_cache_bytes and len(self._masks) > 1:
-            self._masks.popitem(last=False)
-        return entry
+        return pack_bool_mask(allowed, self.vocab.size), free
+
+    def _run_split(self, config: int) -> tuple[int, int, bytes, int] | None:
+        """(rest, after, class, remaining) when `config` is one thread inside a bounded run of a
+        byte class (`Program.runs`: whitespace between JSON tokens) plus other threads that
+        read no byte of the class: `rest` is the configuration of the other threads,
+        `after` that of the run's exit, where no byte of the class may follow either, and
+        `remaining` how many bytes of the class the run may still read. None otherwise."""
+        if config in self._run_splits:
+            return self._run_splits[config]
+        runs, result = self.program.runs, None
+        inside = [thread for thread in self._threads[config] if thread[0] in runs]
+        if len(inside) == 1 and not self._held[config]:
+            pc, stack = inside[0]
+            remaining, exit_pc = runs[pc]
+            table = self.program.accept[pc]
+            after = self._intern_closure(((exit_pc, stack),))
+            others = tuple(thread for thread in self._threads[config] if thread != inside[0])
+            accept, members = self._accept_tables, self._accepted_bytes[pc]
+            if not any(byte in self.lexer.first_bytes for byte in members) and not any(
+                accept[other][byte] for other, _ in (*others, *self._threads[after])
+                for byte in members
+            ):
+                result = (self._intern(others, self._accepting[config]), after, table, remaining)
+        self._run_splits[config] = result
+        return result
+
+    def _run_mask(self, rest: int, after: int, table: bytes, remaining: int
+                  ) -> tuple[np.ndarray, bool]:
+        """The mask of a configuration inside a run (see `_run_split`), without stepping
+        through the run byte by byte: tokens that `rest` allows (they cannot start with the
+        class), plus those with a leading run of at most `remaining` bytes of the class
+        followed by nothing or by what `after` allows."""
+        packed, free = self.mask(rest)
+        run = run_trie(self.vocab, table)
+        tokens = run.rests.tokens_at(self._live_nodes(after, run.rests))
+        tokens = np.concatenate([tokens[run.lead[tokens] <= remaining],
+                                 run.run_only[run.run_only_length <= remaining]])
+        allowed = np.zeros(self.vocab.size, dtype=bool)
+        allowed[tokens] = True
+        return packed | pack_bool_mask(allowed, self.vocab.size), free and len(tokens) == run.count
 
     def _loops_on_plain_text(self, config: int) -> bool:
         """Whether every plain-text character (see `token_trie.is_plain_text`) leads from
@@ -435,8 +493,6 @@ class CompiledGrammar:
             starts = trie.child_start[live_nodes]
             counts = trie.child_end[live_nodes] - starts
             total = int(counts.sum())
-            if total == 0:
-                break
             if total <= _NARROW_FRONTIER:
                 found.append(self._walk_depth_first(trie, live_nodes.tolist(), live_states.tolist()))
                 break
@@ -458,7 +514,7 @@ class CompiledGrammar:
 
     def _walk_depth_first(self, trie: TokenTrie, nodes: list[int], states: list[int]) -> np.ndarray:
         child_start, child_end, byte = trie.lists
-        rows, step = self._rows, self._step
+        rows, step = self._rows, self._step if self._lexed else self._thread_byte
         live: list[int] = []
         stack = list(zip(nodes, states, strict=False))
         while stack:
@@ -493,6 +549,8 @@ class GrammarMatcher:
         self._terminated = False
         self._bitmask: Any = None
         self._bitmask_view: np.ndarray | None = None
+        self._bitmask_bytes: memoryview | None = None  # of a C-contiguous bitmask
+        self._row_bytes = self._row_count = 0
 
     @property
     def state(self) -> int:
@@ -504,10 +562,14 @@ class GrammarMatcher:
         Returns False when every ordinary token is allowed (an unconstrained, lazy region: the
         caller may skip applying the mask); the row is filled exactly either way.
         """
-        packed, free = self.compiled.mask(self.state if not self._terminated else DEAD)
-        if bitmask is not self._bitmask:  # the numpy view of a torch tensor costs microseconds
-            self._bitmask = bitmask
-            self._bitmask_view = bitmask.numpy() if hasattr(bitmask, "numpy") else bitmask
+        packed, free, raw = self.compiled.cached_mask(
+            DEAD if self._terminated else self._history[-1])
+        if bitmask is not self._bitmask:  # views of a tensor cost microseconds: made once
+            self._bind(bitmask)
+        if self._row_bytes == len(raw) and 0 <= index < self._row_count:  # half numpy's cost
+            start = index * len(raw)
+            self._bitmask_bytes[start : start + len(raw)] = raw
+            return not free
         target = self._bitmask_view[index]
         width = len(packed)
         if len(target) == width:
@@ -517,6 +579,16 @@ class GrammarMatcher:
             target[:width] = packed[:width]
             target[width:] = 0
         return not free
+
+    def _bind(self, bitmask: Any) -> None:
+        self._bitmask = bitmask
+        view = bitmask.numpy() if hasattr(bitmask, "numpy") else bitmask
+        self._bitmask_view = view
+        if view.ndim == 2 and view.dtype == np.int32 and view.flags.c_contiguous:
+            self._bitmask_bytes = memoryview(view).cast("B")
+            self._row_count, self._row_bytes = view.shape[0], view.shape[1] * 4
+        else:
+            self._bitmask_bytes, self._row_count, self._row_bytes = None, 0, 0
 
     def accept_token(self, token_id: int) -> bool:
         """Advance by one token; returns False (state unchanged) if it is not allowed."""

@@ -68,8 +68,7 @@ from pegmask.grammars.json_schema_regular import (
 )
 from pegmask.grammars.program import (
     DEFAULT_MAX_INSTRUCTIONS,
-    char_class_scalar_ranges,
-    utf8_sequences,
+    char_class_sequences,
 )
 
 if TYPE_CHECKING:
@@ -760,7 +759,7 @@ def _instructions(nodes: list[Node], memo: dict[int, tuple[Node, int]] | None = 
             extra = 2 if node.max is None else node.max - node.min
             result = 1 + item * (node.min + (1 if node.max is None else node.max - node.min)) + 2 * extra
         elif isinstance(node, CharClass):
-            sequences = [s for lo, hi in char_class_scalar_ranges(node) for s in utf8_sequences(lo, hi)]
+            sequences = char_class_sequences(node)
             multi = [len(s) for s in sequences if len(s) > 1]
             result = (len(sequences) > len(multi)) + sum(multi) + (1 if multi else 0)
         else:

@@ -18,6 +18,7 @@ Instructions are stored in parallel lists (fast to index from the interpreters):
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -58,6 +59,10 @@ class Program:
     start: int
     specials: tuple[str, ...]
     tags: tuple[str, ...]
+    # Bounded runs of one byte class (`[ \t\n\r]{0,32}`): for each BYTE instruction of such
+    # a run, (how many bytes of the class a thread there may still read, this one included;
+    # the pc where the run exits). The automaton reads whole runs at once with it.
+    runs: dict[int, tuple[int, int]]
 
     def special_symbol(self, name: str) -> int | None:
         """Symbol number of special token `name`, or None if the grammar never uses it."""
@@ -282,6 +287,14 @@ def char_class_scalar_ranges(node: CharClass) -> list[tuple[int, int]]:
     return result
 
 
+@functools.lru_cache(maxsize=4096)
+def char_class_sequences(node: CharClass) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """The UTF-8 byte-range sequences of a char class (memoized: schemas repeat the same few
+    classes, and the compiler and its size estimate both need them)."""
+    return tuple(tuple(seq) for lo, hi in char_class_scalar_ranges(node)
+                 for seq in utf8_sequences(lo, hi))
+
+
 def _accept_table(ranges: list[tuple[int, int]] | tuple[tuple[int, int], ...]) -> bytes:
     table = bytearray(256)
     for lo, hi in ranges:
@@ -350,6 +363,7 @@ class _Compiler:
         self.rule_entry: dict[str, int] = {}
         self.pending_calls: list[tuple[int, str]] = []
         self.accept_cache: dict[bytes, bytes] = {}
+        self.run_skips: dict[int, tuple[int, int]] = {}  # BYTE pc -> (remaining, skip JUMP pc)
 
     def emit(self, kind: int, arg: int = -1, aux: int = -1, targets: tuple[int, ...] = (),
              accept: bytes | None = None) -> int:
@@ -387,9 +401,10 @@ class _Compiler:
             self.rule_entry[name] = start
         for pc, name in self.pending_calls:
             self.arg[pc] = self.rule_entry[name]
+        runs = {pc: (remaining, self.arg[skip]) for pc, (remaining, skip) in self.run_skips.items()}
         return Program(
             self.kind, self.arg, self.aux, self.targets, self.accept, entry,
-            tuple(self.specials), tuple(self.tags),
+            tuple(self.specials), tuple(self.tags), runs,
         )
 
     def link(self, exits: list[int], target: int) -> None:
@@ -461,12 +476,9 @@ class _Compiler:
         raise GrammarError(f"cannot compile IR node {type(node).__name__}")
 
     def char_class(self, node: CharClass) -> list[int]:
-        scalar_ranges = char_class_scalar_ranges(node)
-        if not scalar_ranges:
+        sequences = char_class_sequences(node)
+        if not sequences:
             raise GrammarError("character class matches nothing")
-        sequences: list[list[tuple[int, int]]] = []
-        for lo, hi in scalar_ranges:
-            sequences.extend(utf8_sequences(lo, hi))
         # Group single-byte sequences into one instruction; multi-byte ones as a choice.
         singles = [seq[0] for seq in sequences if len(seq) == 1]
         multis = [seq for seq in sequences if len(seq) > 1]
@@ -506,7 +518,8 @@ class _Compiler:
             self.targets[loop] = (body, done)
             return [done]
         optional_exits: list[int] = []
-        for _ in range(node.max - node.min):
+        count = node.max - node.min
+        for done in range(count):
             split = self.emit(SPLIT)
             self.link(exits, split)
             body = len(self.kind)
@@ -514,6 +527,8 @@ class _Compiler:
             skip = self.emit(JUMP)
             optional_exits.append(skip)
             self.targets[split] = (body, skip)
+            if exits == [body] and len(self.kind) == body + 2 and self.kind[body] == BYTE:
+                self.run_skips[body] = (count - done, skip)
         return exits + optional_exits
 
     def until(self, node: Until) -> list[int]:

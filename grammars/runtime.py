@@ -79,6 +79,7 @@ class Runtime:
         self.stacks = StackTable(max_depth)
         self.memo_limit = memo_limit
         self._memo: dict[tuple[int, int], tuple[tuple, tuple]] = {}
+        self._reach_memo: dict[tuple[int, int], tuple[tuple[tuple[int, int], ...], bool]] = {}
 
     def initial(self, log: Log = None, track: bool = False) -> tuple[list[Thread], list[Log]]:
         return self.closure([(self.program.start, 0, log)], 0, track)
@@ -117,6 +118,33 @@ class Runtime:
             if matches and not matched:
                 matched.append(_extend(extended, matches[0], position) if track else log)
         return out, matched
+
+    def reach(self, seeds: tuple[tuple[int, int], ...]) -> tuple[tuple[tuple[int, int], ...], bool]:
+        """The (pc, stack) pairs `closure` would park on from `seeds`, and whether it reaches
+        MATCH: the closure without capture logs, as the automaton needs it (sets, no order)."""
+        memo = self._reach_memo
+        if len(seeds) == 1:
+            entry = memo.get(seeds[0])
+            return entry if entry is not None else self._reach_of(seeds[0])
+        pairs: dict[tuple[int, int], None] = {}
+        matched = False
+        for seed in seeds:
+            entry = memo.get(seed)
+            if entry is None:
+                entry = self._reach_of(seed)
+            pairs.update(dict.fromkeys(entry[0]))
+            matched = matched or entry[1]
+        return tuple(pairs), matched
+
+    def _reach_of(self, seed: tuple[int, int]) -> tuple[tuple[tuple[int, int], ...], bool]:
+        entry = self._memo.get(seed)
+        if entry is None:
+            entry = self._closure_of(*seed)
+        reached = (tuple([key for key, _ in entry[0]]), bool(entry[1]))
+        if len(self._reach_memo) >= self.memo_limit:
+            self._reach_memo.clear()
+        self._reach_memo[seed] = reached
+        return reached
 
     def _closure_of(self, pc: int, stack: int) -> tuple[tuple, tuple]:
         """One seed's closure: ((((pc, stack), events), ...), (events of a MATCH, ...))."""

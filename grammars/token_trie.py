@@ -32,12 +32,23 @@ PLAIN_MULTIBYTE = tuple(
 
 
 def is_plain_text(data: bytes) -> bool:
-    """Valid UTF-8 with no control character, `"` or `\\`."""
+    """Valid UTF-8 with no control character, `"` or `\\`, possibly cut inside its last
+    character (byte-level vocabularies split characters between tokens): where every plain
+    character loops back, such a token is allowed too, ending inside a character."""
     try:
         text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
+    except UnicodeDecodeError as error:
+        if error.end != len(data) or not _is_partial_character(data[error.start :]):
+            return False
+        text = data[: error.start].decode("utf-8")
     return all(ch >= " " and ch not in '"\\' for ch in text)
+
+
+def _is_partial_character(data: bytes) -> bool:
+    """Whether `data` is a proper prefix of the UTF-8 bytes of a plain non-ASCII character."""
+    return any(len(seq) > len(data)
+               and all(lo <= b <= hi for b, (lo, hi) in zip(data, seq, strict=False))
+               for seq in PLAIN_MULTIBYTE)
 
 
 @dataclass(frozen=True)
@@ -99,6 +110,50 @@ def token_trie(vocab: Vocabulary, not_plain: frozenset[int] = frozenset()) -> To
         else:
             trie = build_token_trie(vocab.token_bytes, plain_tokens=plain_tokens, rest=rest)
         tries[not_plain] = trie
+    return trie
+
+
+@dataclass(frozen=True)
+class RunTrie:
+    """The vocabulary seen after a leading run of one byte class (whitespace, say).
+
+    `lead[t]` is the length of token t's leading run (0 when it does not start with the
+    class); `rests` is the trie of what follows the run in the tokens that start with one
+    (tokens with the same rest share its node); `run_only` are the tokens made of the class
+    alone, with their lengths in `run_only_length`.
+    """
+
+    lead: np.ndarray  # int64 [vocab size]
+    rests: TokenTrie
+    run_only: np.ndarray  # int64
+    run_only_length: np.ndarray  # int64
+    count: int  # tokens with a leading run
+
+
+def run_trie(vocab: Vocabulary, table: bytes) -> RunTrie:
+    """The `RunTrie` of `vocab` for the byte class `table` (256 flags), built once per pair."""
+    tries = _CACHE.setdefault(vocab, {})
+    key = ("run", table)
+    trie = tries.get(key)
+    if trie is None:
+        in_class = [bool(flag) for flag in table]
+        lead = np.zeros(len(vocab.token_bytes), dtype=np.int64)
+        rests: list[bytes | None] = [None] * len(vocab.token_bytes)
+        only: list[tuple[int, int]] = []
+        for token_id, data in enumerate(vocab.token_bytes):
+            if not data or not in_class[data[0]]:
+                continue
+            run = 1
+            while run < len(data) and in_class[data[run]]:
+                run += 1
+            lead[token_id] = run
+            if run == len(data):
+                only.append((token_id, run))
+            else:
+                rests[token_id] = data[run:]
+        pairs = np.asarray(only, dtype=np.int64).reshape(-1, 2)
+        trie = tries[key] = RunTrie(lead, build_token_trie(rests), pairs[:, 0], pairs[:, 1],
+                                    int(np.count_nonzero(lead)))
     return trie
 
 

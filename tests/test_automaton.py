@@ -230,3 +230,148 @@ def test_logits_wider_than_the_vocabulary():
     matcher.fill_next_token_bitmask(bitmask)
     bits = np.unpackbits(bitmask[0].numpy().view(np.uint8), bitorder="little")
     assert not bits[vocab.size :].any()
+
+
+# ------------------------------------------------ masks by shortcut equal masks by definition
+
+
+def mask_by_definition(compiled, state) -> np.ndarray:
+    """The allowed-token vector by its definition: a token is allowed when the automaton can
+    read all its bytes (or its special symbol); a stop token where the grammar may end."""
+    vocab = compiled.vocab
+    allowed = np.array([compiled.state_after_token(state, t) != 0 for t in range(vocab.size)])
+    allowed[list(compiled.stop_ids)] = compiled.is_accepting(state)
+    return allowed
+
+
+def assert_mask_is_exact(compiled, state) -> None:
+    packed, _ = compiled.mask(state)
+    bits = np.unpackbits(packed.view(np.uint8), bitorder="little")[: compiled.vocab.size]
+    expected = mask_by_definition(compiled, state)
+    wrong = np.flatnonzero(bits.astype(bool) != expected)
+    assert not len(wrong), [(compiled.vocab.token_bytes[t], bool(bits[t])) for t in wrong[:5]]
+
+
+WEATHER_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string"},
+        "days": {"type": "integer", "minimum": 1, "maximum": 14},
+        "fields": {"type": "array", "items": {"type": "string"}},
+    },
+    "required": ["city", "days", "fields"],
+}
+WEATHER = {"city": "Zürich, 東京 & São Paulo", "days": 10, "fields": ["wind", "hum\u00efdity"]}
+
+
+@functools.cache
+def weather_compiled():
+    return compile_grammar(Grammar.from_json_schema(WEATHER_SCHEMA), smollm2())
+
+
+def weather_texts() -> list[bytes]:
+    texts = [json.dumps(WEATHER, ensure_ascii=False, indent=indent) for indent in (None, 2, 4)]
+    # Whitespace runs at, just under and past the bound (32) between JSON tokens.
+    texts += ['{' + " " * n + '"city":"a",\n' + "\t" * (n - 1) + '"days": 3,"fields":[]}'
+              for n in (31, 32, 33)]
+    return [text.encode() for text in texts]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_json_masks_are_exact_inside_whitespace_and_strings(data):
+    """Inside whitespace between JSON tokens (read a whole run at a time) and inside strings
+    (plain-text tokens, including those ending inside a character, allowed without a walk),
+    the mask is exactly the set of tokens the automaton can read."""
+    compiled = weather_compiled()
+    text = data.draw(st.sampled_from(weather_texts()))
+    cut = data.draw(st.integers(0, len(text)))
+    state = compiled.initial_state
+    for byte in text[:cut]:
+        state = compiled.next_state(state, byte)
+    if state == 0:  # past the whitespace bound: the automaton rejected the prefix
+        assert b" " * 33 in text[:cut] or b"\t" * 32 in text[:cut]
+        return
+    assert_mask_is_exact(compiled, state)
+
+
+@pytest.mark.parametrize("run", [b" ", b"\t", b"\n "])
+def test_json_masks_are_exact_at_the_whitespace_bound(run):
+    """Masks after 0, 1, 2, 30, 31 and 32 whitespace characters between JSON tokens (the
+    bound is 32): tokens with a leading run are allowed exactly while the run fits."""
+    compiled = weather_compiled()
+    for count in (0, 1, 2, 30, 31, 32):
+        state = compiled.initial_state
+        for byte in b"{" + (run * 32)[:count]:
+            state = compiled.next_state(state, byte)
+        assert state != 0
+        assert_mask_is_exact(compiled, state)
+
+
+def test_whitespace_runs_are_read_whole_for_the_mask():
+    """The run shortcut applies inside JSON whitespace (else the test above would not test
+    it), and not where what follows the run may itself read the run's bytes."""
+    compiled = weather_compiled()
+    state = compiled.initial_state
+    for byte in b'{  ':
+        state = compiled.next_state(state, byte)
+    assert compiled._run_split(state) is not None
+    loose = compile_grammar(Grammar.from_peg('root = [ ]{0,3} " "* "x"'), smollm2())
+    state = loose.next_state(loose.initial_state, ord(" "))
+    assert loose._run_split(state) is None
+    assert_mask_is_exact(loose, state)
+
+
+@pytest.mark.parametrize("peg", [
+    'root = [ \\n]{0,4} "x"',
+    'root = "a" [ ]{2,5} "b" [ ]{0,2}',
+    'root = ([ ]{0,2} "a")+',
+    'root = [ab]{0,40} "."',
+    'root = ("<" [ ]{0,3} ">" | [ ]{0,6} "b")*',
+])
+def test_masks_are_exact_in_grammars_with_bounded_runs(peg):
+    """Random walks under the mask through grammars with bounded runs of one byte class."""
+    vocab = smollm2()
+    compiled = compile_grammar(Grammar.from_peg(peg), vocab)
+    rng = random.Random(peg)
+    for _ in range(3):
+        state = compiled.initial_state
+        for _ in range(6):
+            assert_mask_is_exact(compiled, state)
+            packed, _ = compiled.mask(state)
+            bits = np.unpackbits(packed.view(np.uint8), bitorder="little")[: vocab.size]
+            ordinary = [t for t in np.flatnonzero(bits).tolist() if vocab.token_bytes[t]]
+            if not ordinary:
+                break
+            state = compiled.state_after_token(state, rng.choice(ordinary))
+
+
+def test_fill_writes_the_same_row_into_every_kind_of_bitmask():
+    """The byte-copy fast path (C-contiguous int32) and the numpy path write the same bits."""
+    vocab = smollm2()
+    matcher = compile_grammar(Grammar.from_peg(TOOL), vocab).matcher()
+    matcher.accept_string(b'{"name": "get_')
+    rows = []
+    for bitmask in (allocate_token_bitmask(3, vocab.size),
+                    allocate_token_bitmask(3, vocab.size).numpy(),
+                    allocate_token_bitmask(6, vocab.size)[::2]):  # strided rows
+        matcher.fill_next_token_bitmask(bitmask, 2)
+        view = bitmask.numpy() if hasattr(bitmask, "numpy") else bitmask
+        rows.append(view[2].copy())
+        assert (view[:2] == -1).all()  # other rows untouched (allocated all-allowed)
+    assert all(np.array_equal(rows[0], row) for row in rows[1:])
+    with pytest.raises(IndexError):
+        matcher.fill_next_token_bitmask(allocate_token_bitmask(1, vocab.size), 1)
+
+
+def test_plain_text_tokens_may_end_inside_a_character():
+    """Byte-level vocabularies split characters between tokens: a plain-text token cut inside
+    its last character still counts as plain text, but no other invalid UTF-8 does."""
+    from pegmask.grammars.token_trie import is_plain_text
+
+    assert is_plain_text("São".encode()) and is_plain_text("Sã".encode()[:-1])
+    assert is_plain_text("東".encode()[:2]) and is_plain_text(b"ab\xf0")
+    assert not is_plain_text(b"\x80ab")  # starts inside a character
+    assert not is_plain_text(b"ab\xe0\x80")  # an overlong encoding, never completed
+    assert not is_plain_text(b"ab\xed\xa0")  # a surrogate, never completed
+    assert not is_plain_text(b'a"') and not is_plain_text(b"a\n")
