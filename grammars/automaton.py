@@ -52,18 +52,19 @@ def _bytes_of(table: bytes) -> tuple[int, ...]:
 
 
 @functools.lru_cache(maxsize=4096)
-def _byte_groups(tables: tuple[bytes, ...]) -> tuple[tuple[int, tuple[int, ...]], ...]:
-    """The bytes some of `tables` accept, grouped by which of them accept each byte (as a
-    bit set): bytes of one group lead threads parked on those tables to one configuration."""
-    groups: dict[int, list[int]] = {}
-    for byte in range(256):
-        members = 0
-        for i, table in enumerate(tables):
-            if table[byte]:
-                members |= 1 << i
-        if members:
-            groups.setdefault(members, []).append(byte)
-    return tuple((members, tuple(group)) for members, group in groups.items())
+def _byte_groups(tables: tuple[bytes, ...]) -> tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]:
+    """The bytes some of `tables` accept, grouped by which of them accept each byte: (indices
+    of those tables, the bytes). Bytes of one group lead threads parked on those tables to
+    one configuration."""
+    members: list[list[int]] = [[] for _ in range(256)]
+    for i, table in enumerate(tables):
+        for byte in _bytes_of(table):
+            members[byte].append(i)
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for byte, indices in enumerate(members):
+        if indices:
+            groups.setdefault(tuple(indices), []).append(byte)
+    return tuple((indices, tuple(group)) for indices, group in groups.items())
 
 
 def _accepted_bytes(program: Program) -> list[tuple[int, ...]]:
@@ -270,13 +271,12 @@ class CompiledGrammar:
         row = self._thread_rows[config]
         if self._complete[config] or (self._lexed and UNKNOWN not in row):
             return row
-        arg, accepted = self.program.arg, self._accepted_bytes
+        arg, accepted, tables = self.program.arg, self._accepted_bytes, self._accept_tables
         movers = [(pc, stack) for pc, stack in self._threads[config] if accepted[pc]]
+        moved = [(arg[pc], stack) for pc, stack in movers]
         full = array("i", bytes(1024))
-        for members, group in _byte_groups(tuple([self._accept_tables[pc] for pc, _ in movers])):
-            seeds = tuple([(arg[pc], stack)
-                           for i, (pc, stack) in enumerate(movers) if members >> i & 1])
-            nxt = self._intern_closure(seeds)
+        for indices, group in _byte_groups(tuple([tables[pc] for pc, _ in movers])):
+            nxt = self._intern_closure(tuple([moved[i] for i in indices]))
             for byte in group:
                 full[byte] = nxt
         row[:] = full
@@ -497,8 +497,12 @@ class CompiledGrammar:
                 found.append(self._walk_depth_first(trie, live_nodes.tolist(), live_states.tolist()))
                 break
             # Children of all live nodes, as one flat index array.
-            children = np.repeat(starts - np.cumsum(counts) + counts, counts) + np.arange(total)
-            parent_states = np.repeat(live_states, counts)
+            if len(live_nodes) == 1:  # as at the root: one range
+                children = np.arange(int(starts[0]), int(starts[0]) + total)
+                parent_states = np.full(total, live_states[0], dtype=np.int32)
+            else:
+                children = np.repeat(starts - np.cumsum(counts) + counts, counts) + np.arange(total)
+                parent_states = np.repeat(live_states, counts)
             child_bytes = trie.byte[children]
             next_states = self._table[parent_states, child_bytes]
             unknown = next_states == UNKNOWN
