@@ -214,13 +214,13 @@ class Pegmask(Engine):
     name = "pegmask"
 
     def __init__(self, model: Model):
-        from pegmask.grammars.token_trie import token_trie
+        from pegmask.grammars.automaton import prepare_vocabulary
         from pegmask.grammars.vocab import Vocabulary
         from pegmask.kernels import allocate_token_bitmask
 
         super().__init__(model)
         self.vocab = Vocabulary.from_hf(model.tokenizer, model.size)
-        token_trie(self.vocab)
+        prepare_vocabulary(self.vocab)
         self.bitmask = allocate_token_bitmask(1, model.size)
         self.bitmask_np = self.bitmask.numpy()
 
@@ -852,8 +852,8 @@ skipped), `Guide.write_mask_into`. Every mask is a full int32 bitmask row of the
 
 Columns: wall-clock times (`time.perf_counter_ns`) around each call; ratios in parentheses are
 against xgrammar. *setup*: the one-time vocabulary setup and its RSS growth (pegmask:
-`Vocabulary.from_hf` + token trie; xgrammar: `TokenizerInfo`; llguidance: `LLTokenizer`;
-outlines-core: `Vocabulary` from pegmask's token bytes and starting its helper process).
+`Vocabulary.from_hf` + `prepare_vocabulary`, the token trie and its split after JSON
+whitespace; xgrammar: `TokenizerInfo`; llguidance: `LLTokenizer`; outlines-core: `Vocabulary` from pegmask's token bytes and starting its helper process).
 *first mask*: matcher creation + the first mask after a cold compile. *mask / accept µs*: per token of the warm passes (each token's
 fastest of 3 passes after `reset()`, which filters out preemption; every timed token of every
 schema plus the final mask). *cold generation*: compile + matcher + every mask and accept of

@@ -529,9 +529,9 @@ def make_engines(names: Iterable[str], vocab: Vocabulary, tokenizer: Any,
     engines: list[Any] = []
     for name in names:
         if name == "pegmask":
-            from pegmask.grammars.token_trie import token_trie
+            from pegmask.grammars.automaton import prepare_vocabulary
 
-            token_trie(vocab)  # built once, before any fork
+            prepare_vocabulary(vocab)  # built once, before any fork
             # Import the front-ends' lazily imported modules before any fork, so that every
             # child runs the code the parent started with.
             Grammar.from_json_schema({"type": "object", "properties": {"a": {"pattern": "x"}}})

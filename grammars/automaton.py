@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pegmask.grammars.grammar import Grammar
-from pegmask.grammars.program import BYTE, SPECIAL, SPECIAL_BASE, Program
+from pegmask.grammars.json_schema_emit import WHITESPACE
+from pegmask.grammars.program import BYTE, SPECIAL, SPECIAL_BASE, Program, accept_table
 from pegmask.grammars.runtime import DEFAULT_MAX_DEPTH, Runtime
 from pegmask.grammars.spelling import Lexeme, spelled_specials
 from pegmask.grammars.token_trie import (
@@ -662,6 +663,14 @@ class GrammarMatcher:
         return bytes(forced)
 
 
+def prepare_vocabulary(vocab: Vocabulary) -> None:
+    """Build now, once per vocabulary, what every grammar compiled for it shares and the
+    first mask would otherwise build: the token trie and its split after JSON whitespace
+    (0.1-0.2 s on SmolLM2 and DeepSeek V4)."""
+    token_trie(vocab)
+    run_trie(vocab, accept_table(WHITESPACE.ranges))
+
+
 def compile_grammar(grammar: Grammar, vocab: Vocabulary, **options: Any) -> CompiledGrammar:
     """Bind `grammar` to `vocab` (see `CompiledGrammar` for options)."""
     return CompiledGrammar(grammar, vocab, **options)
@@ -672,6 +681,7 @@ class GrammarCompiler:
     grammars (with their transition tables and masks) for reuse across requests."""
 
     def __init__(self, vocab: Vocabulary, *, max_entries: int = 64, **options: Any):
+        prepare_vocabulary(vocab)
         self.vocab = vocab
         self.max_entries = max_entries
         self.options = options

@@ -81,7 +81,7 @@ MAX_RULES = 50_000
 _BLOCK = 32  # repetition counts above this are built from shared blocks
 _MAX_COUNTED_SLOTS = 64  # minProperties / maxProperties counting: one rule call per slot
 _SMALL = 24  # nodes of up to about this many instructions are copied instead of shared
-_WS = CharClass(((0x09, 0x0A), (0x0D, 0x0D), (0x20, 0x20)))
+WHITESPACE = CharClass(((0x09, 0x0A), (0x0D, 0x0D), (0x20, 0x20)))  # JSON insignificant whitespace
 _ANY_TEXT = Repeat(CharClass(((0, MAX_UNICODE),)), 0, None)
 
 
@@ -103,7 +103,7 @@ class Emitter:
         self._classes: dict[tuple[tuple[int, int], ...], Node | None] = {}
         self._repeats: dict[tuple[Node, int, int], Node] = {}
         self._sizes: dict[int, tuple[Node, int]] = {}  # instruction counts by node identity
-        self.ws = self.shared("ws", lambda: Repeat(_WS, 0, max_whitespace)) if max_whitespace else EMPTY
+        self.ws = self.shared("ws", lambda: Repeat(WHITESPACE, 0, max_whitespace)) if max_whitespace else EMPTY
         self.sep = seq(self.ws, Literal(b","), self.ws)
         self.colon = seq(self.ws, Literal(b":"), self.ws)
 

@@ -295,7 +295,8 @@ def char_class_sequences(node: CharClass) -> tuple[tuple[tuple[int, int], ...], 
                  for seq in utf8_sequences(lo, hi))
 
 
-def _accept_table(ranges: list[tuple[int, int]] | tuple[tuple[int, int], ...]) -> bytes:
+def accept_table(ranges: list[tuple[int, int]] | tuple[tuple[int, int], ...]) -> bytes:
+    """The 256 accept flags of a BYTE instruction reading any byte of `ranges`."""
     table = bytearray(256)
     for lo, hi in ranges:
         if not 0 <= lo <= hi <= 255:
@@ -383,7 +384,7 @@ class _Compiler:
         self.arg[pc] = arg
 
     def byte_instr(self, ranges: list[tuple[int, int]] | tuple[tuple[int, int], ...]) -> int:
-        table = _accept_table(ranges)
+        table = accept_table(ranges)
         table = self.accept_cache.setdefault(table, table)
         return self.emit(BYTE, accept=table)
 
