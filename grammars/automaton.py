@@ -102,6 +102,7 @@ class CompiledGrammar:
         self._lexed = bool(self.lexer)  # read often: a plain attribute
         self._split = functools.lru_cache(maxsize=None)(self.lexer.split)
         self._plain_ascii = tuple(b for b in PLAIN_ASCII if b not in self.lexer.first_bytes)
+        self._multibyte_spelled = any(b >= 0x80 for b in self.lexer.first_bytes)
         self.trie: TokenTrie = token_trie(vocab, self.lexer.first_bytes)
         self.words = (vocab.size + 31) // 32
         stops = vocab.eos_ids if stop_token_ids is None else tuple(stop_token_ids)
@@ -469,6 +470,9 @@ class CompiledGrammar:
         row = self._row(config)
         result = not self._held[config] and all(row[b] == config for b in self._plain_ascii)
         if result:
+            result = self._threads_loop_on_multibyte(config)
+        if result is None:  # decided on the lexed transitions, configuration by configuration
+            result = True
             for sequence in PLAIN_MULTIBYTE:
                 states = {config}
                 for lo, hi in sequence:
@@ -480,6 +484,36 @@ class CompiledGrammar:
                     break
         self._plain_loop[config] = result
         return result
+
+    def _threads_loop_on_multibyte(self, config: int) -> bool | None:
+        """The multibyte part of `_loops_on_plain_text`, on thread sets: each byte range of a
+        plain UTF-8 sequence moves the threads that accept all of it, and no configuration is
+        made for the states inside a character (a string at a new call site would make a
+        dozen). None when that cannot decide: a thread accepts part of a range, or a byte may
+        start a spelled special."""
+        if self._multibyte_spelled:
+            return None
+        threads, tables, arg = self._threads[config], self._accept_tables, self.program.arg
+        reached: dict[tuple, tuple[Threads, bool]] = {}
+        for sequence in PLAIN_MULTIBYTE:
+            current, matched = threads, False
+            for depth, (lo, hi) in enumerate(sequence):
+                known = reached.get(sequence[: depth + 1])
+                if known is None:
+                    seeds = []
+                    for pc, stack in current:
+                        accepted = tables[pc][lo : hi + 1]
+                        if 0 not in accepted:
+                            seeds.append((arg[pc], stack))
+                        elif 1 in accepted:
+                            return None
+                    if not seeds:
+                        return False
+                    known = reached[sequence[: depth + 1]] = self.runtime.reach(tuple(seeds))
+                current, matched = known
+            if matched != self._accepting[config] or set(current) != set(threads):
+                return False
+        return True
 
     def _live_nodes(self, config: int, trie: TokenTrie) -> np.ndarray:
         """Nodes of `trie` whose byte prefix `config` can consume (the root excluded).

@@ -375,3 +375,38 @@ def test_plain_text_tokens_may_end_inside_a_character():
     assert not is_plain_text(b"ab\xe0\x80")  # an overlong encoding, never completed
     assert not is_plain_text(b"ab\xed\xa0")  # a surrogate, never completed
     assert not is_plain_text(b'a"') and not is_plain_text(b"a\n")
+
+
+def test_plain_text_loop_checked_on_threads_agrees_with_transitions():
+    """Whether a configuration loops on plain text is decided on thread sets (no configuration
+    per state inside a character); that verdict equals the one read off the transitions."""
+    from pegmask.grammars.token_trie import PLAIN_MULTIBYTE
+
+    def loops_by_transitions(compiled, config):
+        for sequence in PLAIN_MULTIBYTE:
+            states = {config}
+            for lo, hi in sequence:
+                states = {nxt for s in states for nxt in compiled._row(s)[lo : hi + 1]}
+            if states != {config}:
+                return False
+        return True
+
+    vocab = smollm2()
+    free_text = compile_grammar(Grammar.from_peg(CHAT), vocab)
+    for compiled, texts in ((weather_compiled(), weather_texts()),
+                            (free_text, [b'Gr\xc3\xbc\xc3\x9fe <tool_call>\n{"a": "\xe6\x9d\xb1"}'])):
+        decided = 0
+        for text in texts:
+            state = compiled.initial_state
+            for byte in text:
+                state = compiled.next_state(state, byte)
+                if state == 0:
+                    break
+                row = compiled._row(state)
+                if not all(row[b] == state for b in compiled._plain_ascii):
+                    continue
+                verdict = compiled._threads_loop_on_multibyte(state)
+                assert verdict is not None
+                assert verdict == loops_by_transitions(compiled, state)
+                decided += 1
+        assert decided
