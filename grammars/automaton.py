@@ -113,7 +113,7 @@ class CompiledGrammar:
         # become a special token: `_held[c]` (b"" for most) after the threads of `_base[c]`;
         # such configurations have no threads of their own.
         self._threads: list[Threads] = [()]
-        self._ids: dict[tuple, int] = {(): DEAD}
+        self._ids: dict[tuple, int] = {(False, ()): DEAD}
         self._accepting: list[bool] = [False]
         # Transitions are computed one byte at a time where a walk needs only a few (deep in
         # the trie), a whole row at a time where it needs many; `_complete` marks whole rows.
@@ -141,8 +141,10 @@ class CompiledGrammar:
     def _intern(self, threads: Threads, accepting: bool) -> int:
         if not threads and not accepting:
             return DEAD
-        # Closure output never repeats a (pc, stack) pair, so sorting the pairs is canonical.
-        key = (accepting, *sorted(threads))
+        # Closure output never repeats a (pc, stack) pair, so sorting the pairs is canonical;
+        # the configuration keeps the sorted tuple of its key.
+        threads = tuple(sorted(threads))
+        key = (accepting, threads)
         config = self._ids.get(key)
         if config is None:
             config = self._ids[key] = self._new_config(threads, accepting, b"")

@@ -105,6 +105,9 @@ class Runtime:
             entry = memo.get((pc, stack))
             if entry is None:
                 entry = self._closure_of(pc, stack)
+                if len(memo) >= self.memo_limit:
+                    memo.clear()
+                memo[(pc, stack)] = entry
             consumers, matches = entry
             # Threads whose paths share events share their log nodes: the parser finds the
             # events all derivations agree on by node identity.
@@ -137,9 +140,7 @@ class Runtime:
         return tuple(pairs), matched
 
     def _reach_of(self, seed: tuple[int, int]) -> tuple[tuple[tuple[int, int], ...], bool]:
-        entry = self._memo.get(seed)
-        if entry is None:
-            entry = self._closure_of(*seed)
+        entry = self._closure_of(*seed)
         reached = (tuple([key for key, _ in entry[0]]), bool(entry[1]))
         if len(self._reach_memo) >= self.memo_limit:
             self._reach_memo.clear()
@@ -147,13 +148,13 @@ class Runtime:
         return reached
 
     def _closure_of(self, pc: int, stack: int) -> tuple[tuple, tuple]:
-        """One seed's closure: ((((pc, stack), events), ...), (events of a MATCH, ...))."""
+        """One seed's closure: ((((pc, stack), events), ...), (events of a MATCH, ...)); the
+        callers memoize it, each in the form it needs."""
         prog = self.program
         kind, arg, aux, targets = prog.kind, prog.arg, prog.aux, prog.targets
         stacks = self.stacks
         s_ret, s_parent, s_depth = stacks.ret, stacks.parent, stacks.depth
         max_depth = stacks.max_depth
-        seed = (pc, stack)
         seen: set[tuple[int, int]] = set()
         consumers: list[tuple[tuple[int, int], tuple]] = []
         matches: list[tuple] = []
@@ -192,11 +193,7 @@ class Runtime:
                     break
                 else:  # pragma: no cover - the compiler emits no other kinds
                     raise AssertionError(f"bad instruction kind {k}")
-        entry = (tuple(consumers), tuple(matches))
-        if len(self._memo) >= self.memo_limit:
-            self._memo.clear()
-        self._memo[seed] = entry
-        return entry
+        return tuple(consumers), tuple(matches)
 
     def step(
         self, threads: list[Thread], symbol: int, position: int, track: bool
