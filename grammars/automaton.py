@@ -41,6 +41,8 @@ DEAD = 0
 UNKNOWN = -1
 DEFAULT_MASK_CACHE_BYTES = 256 * 1024 * 1024
 _NARROW_FRONTIER = 48  # walk depth-first below a level with at most this many children
+_ROW_THREADS = 8  # a configuration with more threads gets ...
+_ROW_AT = 8  # ... a whole row only when a walk level needs more bytes of it at once
 
 _UNKNOWN_ROW = array("i", [UNKNOWN] * 256)
 Threads = tuple[tuple[int, int], ...]  # a configuration's (pc, stack) pairs
@@ -544,14 +546,37 @@ class CompiledGrammar:
             next_states = self._table[parent_states, child_bytes]
             unknown = next_states == UNKNOWN
             if unknown.any():
-                for state in np.unique(parent_states[unknown]).tolist():
-                    self._row(state)
+                self._resolve(parent_states[unknown], child_bytes[unknown])
                 next_states = self._table[parent_states, child_bytes]
             keep = next_states != DEAD
             live_nodes = children[keep]
             live_states = next_states[keep]
             found.append(live_nodes)
         return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
+
+    def _resolve(self, states: np.ndarray, symbols: np.ndarray) -> None:
+        """Compute the unknown transitions (states[i], symbols[i]). A whole row is cheap for a
+        configuration of a few threads and spares later lookups; one of many threads (a
+        large object's properties) gets only the bytes the walk needs when they are few, as
+        every other byte of its row would make a configuration no token reaches."""
+        large = []
+        for config in np.unique(states).tolist():
+            if len(self._threads[config]) <= _ROW_THREADS:
+                self._row(config)
+            else:
+                large.append(config)
+        if not large:
+            return
+        pairs = np.unique(states.astype(np.int64) << 8 | symbols)
+        pairs = pairs[np.isin(pairs >> 8, large)]
+        configs, first, counts = np.unique(pairs >> 8, return_index=True, return_counts=True)
+        for config, start, count in zip(configs.tolist(), first.tolist(), counts.tolist(),
+                                        strict=True):
+            if count > _ROW_AT:
+                self._row(config)
+            else:
+                for byte in (pairs[start : start + count] & 0xFF).tolist():
+                    self._step(config, byte)
 
     def _walk_depth_first(self, trie: TokenTrie, nodes: list[int], states: list[int]) -> np.ndarray:
         child_start, child_end, byte = trie.lists
