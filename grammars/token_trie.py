@@ -120,13 +120,12 @@ class RunTrie:
     `lead[t]` is the length of token t's leading run (0 when it does not start with the
     class); `rests` is the trie of what follows the run in the tokens that start with one
     (tokens with the same rest share its node); `run_only` are the tokens made of the class
-    alone, with their lengths in `run_only_length`.
+    alone.
     """
 
     lead: np.ndarray  # int64 [vocab size]
     rests: TokenTrie
     run_only: np.ndarray  # int64
-    run_only_length: np.ndarray  # int64
     count: int  # tokens with a leading run
 
 
@@ -139,7 +138,7 @@ def run_trie(vocab: Vocabulary, table: bytes) -> RunTrie:
         in_class = [bool(flag) for flag in table]
         lead = np.zeros(len(vocab.token_bytes), dtype=np.int64)
         rests: list[bytes | None] = [None] * len(vocab.token_bytes)
-        only: list[tuple[int, int]] = []
+        only: list[int] = []
         for token_id, data in enumerate(vocab.token_bytes):
             if not data or not in_class[data[0]]:
                 continue
@@ -148,11 +147,10 @@ def run_trie(vocab: Vocabulary, table: bytes) -> RunTrie:
                 run += 1
             lead[token_id] = run
             if run == len(data):
-                only.append((token_id, run))
+                only.append(token_id)
             else:
                 rests[token_id] = data[run:]
-        pairs = np.asarray(only, dtype=np.int64).reshape(-1, 2)
-        trie = tries[key] = RunTrie(lead, build_token_trie(rests), pairs[:, 0], pairs[:, 1],
+        trie = tries[key] = RunTrie(lead, build_token_trie(rests), np.asarray(only, dtype=np.int64),
                                     int(np.count_nonzero(lead)))
     return trie
 
