@@ -40,6 +40,9 @@ if TYPE_CHECKING:
 DEAD = 0
 UNKNOWN = -1
 DEFAULT_MASK_CACHE_BYTES = 256 * 1024 * 1024
+DEFAULT_COMPILER_CACHE_BYTES = 1024 * 1024 * 1024
+_ROW_BYTES = 1024 + 64  # an array('i') of 256 transitions and its header
+_PAIR_BYTES = 72  # a (pc, stack) tuple of two small ints and its slot in a configuration
 _NARROW_FRONTIER = 48  # walk depth-first below a level with at most this many children
 _ROW_THREADS = 8  # a configuration with more threads gets ...
 _ROW_AT = 8  # ... a whole row only when a walk level needs more bytes of it at once
@@ -89,6 +92,8 @@ class CompiledGrammar:
         max_depth: int = DEFAULT_MAX_DEPTH,
         mask_cache_bytes: int = DEFAULT_MASK_CACHE_BYTES,
     ):
+        if mask_cache_bytes < 0:
+            raise ValueError(f"mask_cache_bytes must be at least 0, not {mask_cache_bytes}")
         self.grammar = grammar
         self.vocab = vocab
         self.program = grammar.program
@@ -397,7 +402,7 @@ class CompiledGrammar:
         split = self._run_split(config)
         packed, free = self._run_mask(*split) if split is not None else self._walked_mask(config)
         entry = self._masks[config] = (packed, free, memoryview(packed).cast("B"))
-        while len(self._masks) * packed.nbytes > self._mask_cache_bytes and len(self._masks) > 1:
+        while self.cached_mask_bytes > self._mask_cache_bytes and len(self._masks) > 1:
             self._masks.popitem(last=False)
         return entry
 
@@ -602,12 +607,28 @@ class CompiledGrammar:
     def state_count(self) -> int:
         return len(self._threads)
 
+    @property
+    def cached_mask_bytes(self) -> int:
+        """Bytes of the cached masks (at most the `mask_cache_bytes` option, or one mask)."""
+        return len(self._masks) * self.words * 4
+
+    @property
+    def memory_bytes(self) -> int:
+        """An estimate of the memory this grammar holds for its vocabulary: cached masks, the
+        transition table and rows, and the configurations' threads. It grows as generations
+        reach new configurations; `GrammarCompiler` bounds the sum over its grammars."""
+        rows = len(self._rows) * (2 if self._lexed else 1)
+        pairs = sum(len(threads) for threads in self._threads)
+        return (self.cached_mask_bytes + self._table.nbytes + rows * _ROW_BYTES
+                + pairs * _PAIR_BYTES)
+
 
 class GrammarMatcher:
     """Per-generation cursor over a `CompiledGrammar` (xgrammar's GrammarMatcher shape)."""
 
     def __init__(self, compiled: CompiledGrammar):
         self.compiled = compiled
+        self._masks = compiled._masks
         self.reset()
 
     def reset(self) -> None:
@@ -628,14 +649,23 @@ class GrammarMatcher:
         Returns False when every ordinary token is allowed (an unconstrained, lazy region: the
         caller may skip applying the mask); the row is filled exactly either way.
         """
-        packed, free, raw = self.compiled.cached_mask(
-            DEAD if self._terminated else self._history[-1])
+        # The warm path is a dictionary hit and a byte copy: each line here costs a few
+        # percent of it, so the cache is read directly and the bitmask's views are kept.
+        state = DEAD if self._terminated else self._history[-1]
+        entry = self._masks.get(state)
+        if entry is None:
+            entry = self.compiled.cached_mask(state)
+        else:
+            self._masks.move_to_end(state)  # least recently used goes first
         if bitmask is not self._bitmask:  # views of a tensor cost microseconds: made once
             self._bind(bitmask)
-        if self._row_bytes == len(raw) and 0 <= index < self._row_count:  # half numpy's cost
-            start = index * len(raw)
-            self._bitmask_bytes[start : start + len(raw)] = raw
-            return not free
+        raw = entry[2]
+        size = self._row_bytes
+        if size == len(raw) and 0 <= index < self._row_count:  # half numpy's cost
+            start = index * size
+            self._bitmask_bytes[start : start + size] = raw
+            return not entry[1]
+        packed = entry[0]
         target = self._bitmask_view[index]
         width = len(packed)
         if len(target) == width:
@@ -644,7 +674,7 @@ class GrammarMatcher:
             width = min(width, len(target))
             target[:width] = packed[:width]
             target[width:] = 0
-        return not free
+        return not entry[1]
 
     def _bind(self, bitmask: Any) -> None:
         self._bitmask = bitmask
@@ -660,12 +690,12 @@ class GrammarMatcher:
         """Advance by one token; returns False (state unchanged) if it is not allowed."""
         if self._terminated:
             return False
-        compiled = self.compiled
-        if token_id in compiled.stop_ids and compiled.is_accepting(self.state):
-            self._history.append(self.state)
+        compiled, state = self.compiled, self._history[-1]
+        if token_id in compiled.stop_ids and compiled.is_accepting(state):
+            self._history.append(state)
             self._terminated = True
             return True
-        nxt = compiled.state_after_token(self.state, token_id)
+        nxt = compiled.state_after_token(state, token_id)
         if nxt == DEAD:
             return False
         self._history.append(nxt)
@@ -738,13 +768,21 @@ def compile_grammar(grammar: Grammar, vocab: Vocabulary, **options: Any) -> Comp
 
 
 class GrammarCompiler:
-    """Compiles grammars for one vocabulary, keeping the most recent `max_entries` compiled
-    grammars (with their transition tables and masks) for reuse across requests."""
+    """Compiles grammars for one vocabulary and keeps the compiled ones for reuse across
+    requests (xgrammar's GrammarCompiler): at most `max_entries` of them, and, counted at each
+    `compile`, at most `cache_limit_bytes` of their `memory_bytes` (None: no byte limit). The
+    least recently compiled go first; the one just compiled always stays."""
 
-    def __init__(self, vocab: Vocabulary, *, max_entries: int = 64, **options: Any):
+    def __init__(self, vocab: Vocabulary, *, max_entries: int = 64,
+                 cache_limit_bytes: int | None = DEFAULT_COMPILER_CACHE_BYTES, **options: Any):
+        if max_entries < 1:
+            raise ValueError(f"max_entries must be at least 1, not {max_entries}")
+        if cache_limit_bytes is not None and cache_limit_bytes < 0:
+            raise ValueError(f"cache_limit_bytes must be None or at least 0, not {cache_limit_bytes}")
         prepare_vocabulary(vocab)
         self.vocab = vocab
         self.max_entries = max_entries
+        self.cache_limit_bytes = cache_limit_bytes
         self.options = options
         self._cache: OrderedDict[tuple, CompiledGrammar] = OrderedDict()
 
@@ -752,13 +790,32 @@ class GrammarCompiler:
         key = grammar.key
         compiled = self._cache.get(key)
         if compiled is None:
-            compiled = CompiledGrammar(grammar, self.vocab, **self.options)
-            self._cache[key] = compiled
-            while len(self._cache) > self.max_entries:
-                self._cache.popitem(last=False)
+            compiled = self._cache[key] = CompiledGrammar(grammar, self.vocab, **self.options)
         else:
             self._cache.move_to_end(key)
+        self._evict()
         return compiled
+
+    def _evict(self) -> None:
+        cache, limit = self._cache, self.cache_limit_bytes
+        while len(cache) > self.max_entries:
+            cache.popitem(last=False)
+        if limit is not None:
+            held = self.cache_size_bytes
+            while held > limit and len(cache) > 1:
+                held -= cache.popitem(last=False)[1].memory_bytes
+
+    @property
+    def cache_size_bytes(self) -> int:
+        """The `memory_bytes` of the compiled grammars kept."""
+        return sum(compiled.memory_bytes for compiled in self._cache.values())
+
+    def __len__(self) -> int:
+        """How many compiled grammars are kept."""
+        return len(self._cache)
+
+    def clear_cache(self) -> None:
+        self._cache.clear()
 
 
 def fill_next_token_bitmasks(matchers: Sequence[GrammarMatcher], bitmask: Any) -> list[bool]:

@@ -410,3 +410,74 @@ def test_plain_text_loop_checked_on_threads_agrees_with_transitions():
                 assert verdict == loops_by_transitions(compiled, state)
                 decided += 1
         assert decided
+
+
+def test_mask_cache_keeps_the_recently_used_masks_within_its_bound():
+    vocab = smollm2()
+    words = (vocab.size + 31) // 32
+    bounded = compile_grammar(Grammar.from_peg(TOOL), vocab, mask_cache_bytes=3 * words * 4)
+    unbounded = compile_grammar(Grammar.from_peg(TOOL), vocab)
+    text = b'{"name": "get_weather", "arguments": {"city": "Paris"}}'
+    matchers = (bounded.matcher(), unbounded.matcher())
+    bitmasks = (allocate_token_bitmask(1, vocab.size), allocate_token_bitmask(1, vocab.size))
+    first = bounded.mask(matchers[0].state)[0]
+    for byte in text:
+        for matcher, bitmask in zip(matchers, bitmasks, strict=True):
+            matcher.fill_next_token_bitmask(bitmask)
+            assert matcher.accept_string(bytes((byte,)))
+        assert np.array_equal(bitmasks[0].numpy(), bitmasks[1].numpy())  # exact after eviction
+        assert bounded.cached_mask_bytes <= 3 * words * 4
+        assert bounded.mask(bounded.initial_state)[0] is first  # used at every step: kept
+    assert unbounded.cached_mask_bytes > 3 * words * 4
+    for config in range(1, bounded.state_count):  # the first mask is the least recent now
+        if config != bounded.initial_state:
+            bounded.mask(config)
+    assert bounded.mask(bounded.initial_state)[0] is not first
+    assert np.array_equal(bounded.mask(bounded.initial_state)[0], first)
+    with pytest.raises(ValueError, match="mask_cache_bytes"):
+        compile_grammar(Grammar.from_peg(TOOL), vocab, mask_cache_bytes=-1)
+
+
+def test_compiler_keeps_recent_grammars_within_its_limits():
+    vocab = smollm2()
+    grammars = [Grammar.from_peg(f'root = "{word}" [0-9]*') for word in ("one", "two", "three")]
+    compiler = GrammarCompiler(vocab, max_entries=2, cache_limit_bytes=None)
+    first = compiler.compile(grammars[0])
+    second = compiler.compile(grammars[1])
+    assert compiler.compile(grammars[0]) is first  # used again: now the most recent
+    compiler.compile(grammars[2])
+    assert len(compiler) == 2
+    assert compiler.compile(grammars[0]) is first
+    assert compiler.compile(grammars[1]) is not second  # the least recent was dropped
+
+    compiled = compiler.compile(grammars[2])
+    matcher = compiled.matcher()
+    matcher.fill_next_token_bitmask(allocate_token_bitmask(1, vocab.size))
+    before = compiled.memory_bytes
+    assert before >= compiled.cached_mask_bytes == (vocab.size + 31) // 32 * 4
+    assert matcher.accept_string(b"three123")
+    matcher.fill_next_token_bitmask(allocate_token_bitmask(1, vocab.size))
+    assert compiled.memory_bytes > before  # new configurations and their mask
+
+    fresh = [compile_grammar(grammar, vocab).memory_bytes for grammar in grammars]
+    used = compile_grammar(grammars[0], vocab)
+    used.matcher().fill_next_token_bitmask(allocate_token_bitmask(1, vocab.size))
+    limit = used.memory_bytes + fresh[1] + fresh[2] - 1  # room for two of the three
+    small = GrammarCompiler(vocab, cache_limit_bytes=limit)
+    kept = small.compile(grammars[0])
+    kept.matcher().fill_next_token_bitmask(allocate_token_bitmask(1, vocab.size))
+    assert kept.memory_bytes == used.memory_bytes
+    small.compile(grammars[1])
+    assert len(small) == 2 and small.cache_size_bytes <= limit
+    small.compile(grammars[2])
+    assert len(small) == 2 and small.cache_size_bytes <= limit
+    assert small.compile(grammars[0]) is not kept  # the least recent went over the limit
+    tiny = GrammarCompiler(vocab, cache_limit_bytes=0)
+    assert tiny.compile(grammars[2]) is tiny.compile(grammars[2])  # the newest always stays
+    tiny.compile(grammars[0])
+    assert len(tiny) == 1
+    small.clear_cache()
+    assert len(small) == 0 and small.cache_size_bytes == 0
+    for bad in ({"max_entries": 0}, {"cache_limit_bytes": -1}):
+        with pytest.raises(ValueError):
+            GrammarCompiler(vocab, **bad)
