@@ -59,6 +59,7 @@ BASELINE = "xgrammar"
 DEFAULT_SCHEMAS = 50
 WARM_PASSES = 3
 DEFAULT_OUTLINES_TIMEOUT = 5.0
+DEFAULT_TOOL_REPEATS = 5  # one cold run is noisy on a shared machine (1.1-2.3x across runs)
 # Whitespace between JSON tokens: pegmask's default bound, given to xgrammar and llguidance too
 # so that the three engines constrain the same language (a bound costs states: the automaton
 # must count). outlines-core's Index cannot afford it (its builds explode): it gets `[ ]?`.
@@ -114,6 +115,13 @@ class Case:
     @property
     def text(self) -> str:
         return json.dumps(self.instance)
+
+
+def tool_call_case(repeat: int) -> Case:
+    """The tool-call schema with a description naming `repeat`: the same language, but a new
+    schema text, so no engine's compiled-grammar cache (xgrammar's) answers a repeat."""
+    schema = {"description": f"tool call, cold run {repeat}", **TOOL_CALL_SCHEMA}
+    return Case("tool-call", schema, TOOL_CALL_INSTANCE)
 
 
 def load_cases(count: int) -> list[Case]:
@@ -699,10 +707,12 @@ class Summary:
         return summary
 
 
-def engine_table(runs: list[SchemaRun], engines: tuple[str, ...], setups: dict[str, Setup]) -> str:
+def engine_table(runs: list[SchemaRun], engines: tuple[str, ...], setups: dict[str, Setup],
+                 repeated: bool = False) -> str:
     """One row per engine over `runs` (all compiled by `engines`), with ratios to the
-    baseline; per-schema columns show median / max (or total) when there are several."""
-    spread = len(runs) > 1
+    baseline; per-schema columns show median / max (or total) when there are several
+    schemas, the median alone when `runs` are repeats of one schema."""
+    spread = len(runs) > 1 and not repeated
     summaries = {name: Summary.of(name, runs, engines) for name in engines}
     base = summaries[BASELINE]
     header = [
@@ -732,7 +742,7 @@ def engine_table(runs: list[SchemaRun], engines: tuple[str, ...], setups: dict[s
             _with_ratio(_mean(s.mask_us), _mean(base.mask_us), 2),
             _with_ratio(_median(s.accept_us), _median(base.accept_us), 2),
             cold_ms,
-            str(s.rejected),
+            str(min(s.rejected, 1) if repeated else s.rejected),
             rss,
         ]
         lines.append("| " + " | ".join(cells) + " |")
@@ -842,7 +852,8 @@ Engine settings, the same language for the first three (at most 32 whitespace ch
 between JSON tokens, pegmask's default): pegmask `Grammar.from_json_schema(schema)` +
 `compile_grammar`, `fill_next_token_bitmask`; xgrammar `compile_json_schema(any_whitespace=True,
 strict_mode=False, max_whitespace_cnt=32)` (default `max_threads=8`, so a compile may use both
-cores), `fill_next_token_bitmask`; llguidance `grammar_from_json_schema(defaults={
+cores; its cache, on by default, is kept: it makes other schemas' compiles about 3x
+faster, and each tool-call repeat has its own schema text), `fill_next_token_bitmask`; llguidance `grammar_from_json_schema(defaults={
 "whitespace_pattern": "[\\x20\\x0A\\x0D\\x09]{0,32}", "json_allow_general_unicode_escapes":
 true})` (json.dumps writes `\\u00b0`) + `LLMatcher` (its construction is the compile),
 `unsafe_compute_mask_ptr`; outlines-core
@@ -863,15 +874,17 @@ instance or the stop token after it. *peak RSS*: growth of peak RSS during compi
 allocator already holds is reused unseen."""
 
 
-def report_model(model: Model, setups: dict[str, Setup], tool: SchemaRun,
+def report_model(model: Model, setups: dict[str, Setup], tools: list[SchemaRun],
                  runs: list[SchemaRun]) -> str:
-    """The markdown section for one vocabulary."""
+    """The markdown section for one vocabulary (`tools`: the tool-call schema's repeats)."""
+    tool = tools[0]
     parts = [
         f"## {model.name} ({model.size:,} tokens; tokenizer loaded in {model.load_seconds:.1f} s)",
         "",
-        f"### Tool-call schema ({tool.tokens} tokens)",
+        f"### Tool-call schema ({tool.tokens} tokens; medians of {len(tools)} cold runs)",
         "",
-        engine_table([tool], ENGINES, setups) if not tool.failures else failures_section([tool]),
+        engine_table(tools, ENGINES, setups, repeated=True) if not tool.failures
+        else failures_section([tool]),
     ]
     for engines in (ENGINES, ENGINES[:-1]):
         timed = timed_runs(runs, engines)
@@ -898,14 +911,15 @@ def report_model(model: Model, setups: dict[str, Setup], tool: SchemaRun,
     return "\n".join(parts)
 
 
-def run_model(name: str, schemas: int, outlines_timeout: float) -> str:
+def run_model(name: str, schemas: int, outlines_timeout: float, tool_repeats: int) -> str:
     """Benchmark every engine on one vocabulary; returns its markdown section."""
     model = load_model(name)
     engines, setups = make_engines(model, outlines_timeout)
     warm_up(engines, model)
     gc.collect()
     gc.freeze()  # later collections (before each measurement) skip the setup's objects
-    tool = measure_schema(engines, Case("tool-call", TOOL_CALL_SCHEMA, TOOL_CALL_INSTANCE), model, 0)
+    tools = [measure_schema(engines, tool_call_case(turn), model, turn)
+             for turn in range(tool_repeats)]
     runs = []
     for turn, case in enumerate(load_cases(schemas), start=1):
         start = time.perf_counter()
@@ -915,7 +929,7 @@ def run_model(name: str, schemas: int, outlines_timeout: float) -> str:
     for engine in engines:
         engine.close()
     gc.unfreeze()
-    return report_model(model, setups, tool, runs)
+    return report_model(model, setups, tools, runs)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -926,10 +940,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--outlines-timeout", type=float, default=DEFAULT_OUTLINES_TIMEOUT,
                         help="seconds an outlines-core Index build may take before the schema "
                         "is skipped")
+    parser.add_argument("--tool-repeats", type=int, default=DEFAULT_TOOL_REPEATS,
+                        help="cold runs of the tool-call schema (its table shows their medians)")
     parser.add_argument("--out", type=Path, help="also write the report to this markdown file")
     args = parser.parse_args(argv)
     names = ("smollm2", "deepseek") if args.vocab == "both" else (args.vocab,)
-    sections = [run_model(name, args.schemas, args.outlines_timeout) for name in names]
+    if args.tool_repeats < 1:
+        parser.error("--tool-repeats must be at least 1")
+    sections = [run_model(name, args.schemas, args.outlines_timeout, args.tool_repeats)
+                for name in names]
     report = "\n\n".join([
         "# Grammar engines side by side: JSON Schema masks",
         machine_info(),
