@@ -48,6 +48,7 @@ _ROW_THREADS = 8  # a configuration with more threads gets ...
 _ROW_AT = 8  # ... a whole row only when a walk level needs more bytes of it at once
 
 _UNKNOWN_ROW = array("i", [UNKNOWN] * 256)
+ALL_BYTES = (1 << 256) - 1
 Threads = tuple[tuple[int, int], ...]  # a configuration's (pc, stack) pairs
 
 
@@ -71,6 +72,13 @@ def _byte_groups(tables: tuple[bytes, ...]) -> tuple[tuple[tuple[int, ...], tupl
         if indices:
             groups.setdefault(tuple(indices), []).append(byte)
     return tuple((indices, tuple(group)) for indices, group in groups.items())
+
+
+@functools.lru_cache(maxsize=4096)
+def _bits_of(table: bytes) -> int:
+    """The bytes an accept table accepts, as the bits of an int (byte b is bit b)."""
+    return int.from_bytes(np.packbits(np.frombuffer(table, dtype=np.uint8) != 0,
+                                      bitorder="little").tobytes(), "little")
 
 
 def _accepted_bytes(program: Program) -> list[tuple[int, ...]]:
@@ -140,6 +148,11 @@ class CompiledGrammar:
         self._accept_tables = [table if kind == BYTE else never
                                for kind, table in zip(self.program.kind, self.program.accept,
                                                       strict=True)]
+        # Per configuration, the bytes that may not lead to DEAD (those its threads read, and
+        # with spelled specials their first bytes): a walk skips the others without a step.
+        self._accept_bits = [_bits_of(table) for table in self._accept_tables]
+        self._lexer_bits = sum(1 << byte for byte in self.lexer.first_bytes)
+        self._live_bits: list[int] = [0]
         self._masks: OrderedDict[int, tuple[np.ndarray, bool, memoryview]] = OrderedDict()
         self._mask_cache_bytes = mask_cache_bytes
         self.initial_state = self._intern_closure(((self.program.start, 0),))
@@ -168,6 +181,10 @@ class CompiledGrammar:
         self._complete.append(False)
         self._held.append(held)
         self._base.append(config if base is None else base)
+        bits, accept_bits = self._lexer_bits, self._accept_bits
+        for pc, _ in threads:
+            bits |= accept_bits[pc]
+        self._live_bits.append(ALL_BYTES if held else bits)
         if config >= len(self._table):
             grown = np.full((len(self._table) * 2, 256), UNKNOWN, dtype=np.int32)
             grown[: len(self._table)] = self._table
@@ -416,7 +433,7 @@ class CompiledGrammar:
                 # Plain-text tokens all come back to `config`: only walk the other tokens.
                 rest = trie.rest
                 tokens = rest.tokens_at(self._live_nodes(config, rest))
-                allowed[trie.plain_tokens] = True
+                allowed[: len(trie.plain_allowed)] = trie.plain_allowed
                 count = len(tokens) + len(trie.plain_tokens)
             else:
                 tokens = trie.tokens_at(self._live_nodes(config, trie))
@@ -531,9 +548,9 @@ class CompiledGrammar:
         depth-first walk is cheaper than a dozen array operations per level.
         """
         found: list[np.ndarray] = []
-        live_nodes = np.zeros(1, dtype=np.int64)
-        live_states = np.array([config], dtype=np.int32)
+        live_nodes, live_states = self._live_children_of_root(config, trie)
         while len(live_nodes):
+            found.append(live_nodes)
             starts = trie.child_start[live_nodes]
             counts = trie.child_end[live_nodes] - starts
             total = int(counts.sum())
@@ -541,12 +558,8 @@ class CompiledGrammar:
                 found.append(self._walk_depth_first(trie, live_nodes.tolist(), live_states.tolist()))
                 break
             # Children of all live nodes, as one flat index array.
-            if len(live_nodes) == 1:  # every walk's root: one range (0.3 ms of a generation)
-                children = np.arange(int(starts[0]), int(starts[0]) + total)
-                parent_states = np.full(total, live_states[0], dtype=np.int32)
-            else:
-                children = np.repeat(starts - np.cumsum(counts) + counts, counts) + np.arange(total)
-                parent_states = np.repeat(live_states, counts)
+            children = np.repeat(starts - np.cumsum(counts) + counts, counts) + np.arange(total)
+            parent_states = np.repeat(live_states, counts)
             child_bytes = trie.byte[children]
             next_states = self._table[parent_states, child_bytes]
             unknown = next_states == UNKNOWN
@@ -556,8 +569,21 @@ class CompiledGrammar:
             keep = next_states != DEAD
             live_nodes = children[keep]
             live_states = next_states[keep]
-            found.append(live_nodes)
         return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
+
+    def _live_children_of_root(self, config: int, trie: TokenTrie) -> tuple[np.ndarray, np.ndarray]:
+        """The first level of `_live_nodes`: the root's children are one range of the trie
+        and have one parent, so this level is slices and a row lookup (every walk has it)."""
+        start, end = int(trie.child_start[0]), int(trie.child_end[0])
+        child_bytes = trie.byte[start:end]
+        next_states = self._table[config][child_bytes]
+        unknown = next_states == UNKNOWN
+        if unknown.any():
+            self._resolve(np.full(int(unknown.sum()), config, dtype=np.int32),
+                          child_bytes[unknown])
+            next_states = self._table[config][child_bytes]
+        keep = np.flatnonzero(next_states != DEAD)
+        return keep + start, next_states[keep]
 
     def _resolve(self, states: np.ndarray, symbols: np.ndarray) -> None:
         """Compute the unknown transitions (states[i], symbols[i]). A whole row is cheap for a
@@ -586,15 +612,17 @@ class CompiledGrammar:
     def _walk_depth_first(self, trie: TokenTrie, nodes: list[int], states: list[int]) -> np.ndarray:
         child_start, child_end, byte = trie.lists
         rows, step = self._rows, self._step if self._lexed else self._thread_byte
+        live_bits = self._live_bits
         live: list[int] = []
         stack = list(zip(nodes, states, strict=False))
         while stack:
             node, state = stack.pop()
-            row = rows[state]
+            row, bits = rows[state], live_bits[state]
             for child in range(child_start[node], child_end[node]):
-                nxt = row[byte[child]]
+                symbol = byte[child]
+                nxt = row[symbol]
                 if nxt == UNKNOWN:
-                    nxt = step(state, byte[child])
+                    nxt = step(state, symbol) if bits >> symbol & 1 else DEAD
                 if nxt != DEAD:
                     live.append(child)
                     stack.append((child, nxt))

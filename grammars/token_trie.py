@@ -77,6 +77,14 @@ class TokenTrie:
         """child_start, child_end and byte as Python lists, for scalar walks."""
         return self.child_start.tolist(), self.child_end.tolist(), self.byte.tolist()
 
+    @functools.cached_property
+    def plain_allowed(self) -> np.ndarray:
+        """bool [vocab size]: True at `plain_tokens` (copied, not scattered, into each mask
+        of a configuration inside text: most of the vocabulary)."""
+        allowed = np.zeros(len(self.token_node), dtype=bool)
+        allowed[self.plain_tokens] = True
+        return allowed
+
     def tokens_at(self, nodes: np.ndarray) -> np.ndarray:
         """Ids of all tokens ending at `nodes`."""
         tokens = self.node_token[nodes]
