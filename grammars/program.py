@@ -296,7 +296,13 @@ def char_class_sequences(node: CharClass) -> tuple[tuple[tuple[int, int], ...], 
 
 
 def accept_table(ranges: list[tuple[int, int]] | tuple[tuple[int, int], ...]) -> bytes:
-    """The 256 accept flags of a BYTE instruction reading any byte of `ranges`."""
+    """The 256 accept flags of a BYTE instruction reading any byte of `ranges` (memoized: a
+    bounded run such as JSON whitespace emits its class dozens of times)."""
+    return _accept_table(tuple(ranges))
+
+
+@functools.lru_cache(maxsize=4096)
+def _accept_table(ranges: tuple[tuple[int, int], ...]) -> bytes:
     table = bytearray(256)
     for lo, hi in ranges:
         if not 0 <= lo <= hi <= 255:
@@ -363,7 +369,6 @@ class _Compiler:
         self.tags: list[str] = []
         self.rule_entry: dict[str, int] = {}
         self.pending_calls: list[tuple[int, str]] = []
-        self.accept_cache: dict[bytes, bytes] = {}
         self.run_skips: dict[int, tuple[int, int]] = {}  # BYTE pc -> (remaining, skip JUMP pc)
 
     def emit(self, kind: int, arg: int = -1, aux: int = -1, targets: tuple[int, ...] = (),
@@ -384,9 +389,7 @@ class _Compiler:
         self.arg[pc] = arg
 
     def byte_instr(self, ranges: list[tuple[int, int]] | tuple[tuple[int, int], ...]) -> int:
-        table = accept_table(ranges)
-        table = self.accept_cache.setdefault(table, table)
-        return self.emit(BYTE, accept=table)
+        return self.emit(BYTE, accept=accept_table(ranges))
 
     def compile(self) -> Program:
         # Entry: call the start rule, then accept.
