@@ -76,9 +76,8 @@ def _byte_groups(tables: tuple[bytes, ...]) -> tuple[tuple[tuple[int, ...], tupl
 
 @functools.lru_cache(maxsize=4096)
 def _bits_of(table: bytes) -> int:
-    """The bytes an accept table accepts, as the bits of an int (byte b is bit b)."""
-    return int.from_bytes(np.packbits(np.frombuffer(table, dtype=np.uint8) != 0,
-                                      bitorder="little").tobytes(), "little")
+    """`_bytes_of(table)` as the bits of an int (byte b is bit b)."""
+    return sum(1 << byte for byte in _bytes_of(table))
 
 
 def _accepted_bytes(program: Program) -> list[tuple[int, ...]]:
@@ -153,6 +152,7 @@ class CompiledGrammar:
         self._accept_bits = [_bits_of(table) for table in self._accept_tables]
         self._lexer_bits = sum(1 << byte for byte in self.lexer.first_bytes)
         self._live_bits: list[int] = [0]
+        self._pair_count = 0  # threads over all configurations, for `memory_bytes`
         self._masks: OrderedDict[int, tuple[np.ndarray, bool, memoryview]] = OrderedDict()
         self._mask_cache_bytes = mask_cache_bytes
         self.initial_state = self._intern_closure(((self.program.start, 0),))
@@ -185,6 +185,7 @@ class CompiledGrammar:
         for pc, _ in threads:
             bits |= accept_bits[pc]
         self._live_bits.append(ALL_BYTES if held else bits)
+        self._pair_count += len(threads)
         if config >= len(self._table):
             grown = np.full((len(self._table) * 2, 256), UNKNOWN, dtype=np.int32)
             grown[: len(self._table)] = self._table
@@ -646,9 +647,8 @@ class CompiledGrammar:
         transition table and rows, and the configurations' threads. It grows as generations
         reach new configurations; `GrammarCompiler` bounds the sum over its grammars."""
         rows = len(self._rows) * (2 if self._lexed else 1)
-        pairs = sum(len(threads) for threads in self._threads)
         return (self.cached_mask_bytes + self._table.nbytes + rows * _ROW_BYTES
-                + pairs * _PAIR_BYTES)
+                + self._pair_count * _PAIR_BYTES)
 
 
 class GrammarMatcher:
