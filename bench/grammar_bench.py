@@ -59,6 +59,7 @@ BASELINE = "xgrammar"
 DEFAULT_SCHEMAS = 50
 WARM_PASSES = 3
 DEFAULT_OUTLINES_TIMEOUT = 5.0
+FLOOR_CALLS = 20_000
 DEFAULT_TOOL_REPEATS = 5  # one cold run is noisy on a shared machine (1.1-2.3x across runs)
 # Whitespace between JSON tokens: pegmask's default bound, given to xgrammar and llguidance too
 # so that the three engines constrain the same language (a bound costs states: the automaton
@@ -649,6 +650,43 @@ def make_engines(model: Model, outlines_timeout: float) -> tuple[list[Engine], d
     return engines, setups
 
 
+class _FloorFill:
+    """Two stand-ins for a Python `fill_next_token_bitmask`, with its signature: one that
+    returns at once, and one that only copies a mask's bytes into the row (the least a fill
+    that writes the mask must do)."""
+
+    def __init__(self, bitmask: np.ndarray):
+        self.row = memoryview(bitmask).cast("B")
+        self.mask = memoryview(np.zeros(bitmask.shape[1], dtype=np.int32)).cast("B")
+
+    def nothing(self, bitmask: Any, index: int = 0) -> bool:
+        return True
+
+    def copy(self, bitmask: Any, index: int = 0) -> bool:
+        size = len(self.mask)
+        self.row[index * size : (index + 1) * size] = self.mask
+        return True
+
+
+def python_fill_floor(model: Model, calls: int = FLOOR_CALLS) -> tuple[float, float]:
+    """Median µs of the two `_FloorFill` methods, called and timed exactly as `run_pass`
+    times a fill (through `functools.partial`, between two clock reads): what a fill
+    written in Python costs at the least, on this machine and this vocabulary's row width."""
+    clock = time.perf_counter_ns
+    bitmask = np.zeros((1, (model.size + 31) // 32), dtype=np.int32)
+    floor = _FloorFill(bitmask)
+    medians = []
+    for method in (floor.nothing, floor.copy):
+        fill = functools.partial(method, bitmask, 0)
+        times = []
+        for _ in range(calls):
+            start = clock()
+            fill()
+            times.append(clock() - start)
+        medians.append(_median(times) / 1e3)
+    return medians[0], medians[1]
+
+
 # ---------------------------------------------------------------------- report
 
 
@@ -875,8 +913,9 @@ allocator already holds is reused unseen."""
 
 
 def report_model(model: Model, setups: dict[str, Setup], tools: list[SchemaRun],
-                 runs: list[SchemaRun]) -> str:
-    """The markdown section for one vocabulary (`tools`: the tool-call schema's repeats)."""
+                 runs: list[SchemaRun], floor: tuple[float, float]) -> str:
+    """The markdown section for one vocabulary (`tools`: the tool-call schema's repeats;
+    `floor`: `python_fill_floor`)."""
     tool = tools[0]
     parts = [
         f"## {model.name} ({model.size:,} tokens; tokenizer loaded in {model.load_seconds:.1f} s)",
@@ -885,6 +924,11 @@ def report_model(model: Model, setups: dict[str, Setup], tools: list[SchemaRun],
         "",
         engine_table(tools, ENGINES, setups, repeated=True) if not tool.failures
         else failures_section([tool]),
+        "",
+        f"Floor of a fill written in Python, timed the same way: a method that returns at once "
+        f"{floor[0]:.2f} µs; one that only copies a mask into the row "
+        f"({4 * ((model.size + 31) // 32):,} bytes) {floor[1]:.2f} µs (median of "
+        f"{FLOOR_CALLS:,} calls).",
     ]
     for engines in (ENGINES, ENGINES[:-1]):
         timed = timed_runs(runs, engines)
@@ -926,10 +970,11 @@ def run_model(name: str, schemas: int, outlines_timeout: float, tool_repeats: in
         runs.append(measure_schema(engines, case, model, turn))
         print(f"[{name}] {turn:3d}/{schemas} {case.name}: {time.perf_counter() - start:.2f} s",
               file=sys.stderr, flush=True)
+    floor = python_fill_floor(model)
     for engine in engines:
         engine.close()
     gc.unfreeze()
-    return report_model(model, setups, tools, runs)
+    return report_model(model, setups, tools, runs, floor)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -43,6 +43,7 @@ DEFAULT_MASK_CACHE_BYTES = 256 * 1024 * 1024
 DEFAULT_COMPILER_CACHE_BYTES = 1024 * 1024 * 1024
 _ROW_BYTES = 1024 + 64  # an array('i') of 256 transitions and its header
 _PAIR_BYTES = 72  # a (pc, stack) tuple of two small ints and its slot in a configuration
+_TOKEN_NEXT_BYTES = 100  # an accepted token's entry in its configuration's dict
 _NARROW_FRONTIER = 48  # walk depth-first below a level with at most this many children
 _ROW_THREADS = 8  # a configuration with more threads gets ...
 _ROW_AT = 8  # ... a whole row only when a walk level needs more bytes of it at once
@@ -153,6 +154,10 @@ class CompiledGrammar:
         self._lexer_bits = sum(1 << byte for byte in self.lexer.first_bytes)
         self._live_bits: list[int] = [0]
         self._pair_count = 0  # threads over all configurations, for `memory_bytes`
+        # Per configuration, the tokens accepted from it so far and where they led: a
+        # generation reads most of its tokens again from configurations it has been in.
+        self._token_next: list[dict[int, int]] = [{}]
+        self._token_next_count = 0
         self._masks: OrderedDict[int, tuple[np.ndarray, bool, memoryview]] = OrderedDict()
         self._mask_cache_bytes = mask_cache_bytes
         self.initial_state = self._intern_closure(((self.program.start, 0),))
@@ -181,6 +186,7 @@ class CompiledGrammar:
         self._complete.append(False)
         self._held.append(held)
         self._base.append(config if base is None else base)
+        self._token_next.append({})
         bits, accept_bits = self._lexer_bits, self._accept_bits
         for pc, _ in threads:
             bits |= accept_bits[pc]
@@ -644,11 +650,12 @@ class CompiledGrammar:
     @property
     def memory_bytes(self) -> int:
         """An estimate of the memory this grammar holds for its vocabulary: cached masks, the
-        transition table and rows, and the configurations' threads. It grows as generations
-        reach new configurations; `GrammarCompiler` bounds the sum over its grammars."""
+        transition table and rows, the configurations' threads and accepted tokens. It grows
+        as generations reach new configurations; `GrammarCompiler` bounds the sum over its
+        grammars."""
         rows = len(self._rows) * (2 if self._lexed else 1)
         return (self.cached_mask_bytes + self._table.nbytes + rows * _ROW_BYTES
-                + self._pair_count * _PAIR_BYTES)
+                + self._pair_count * _PAIR_BYTES + self._token_next_count * _TOKEN_NEXT_BYTES)
 
 
 class GrammarMatcher:
@@ -662,10 +669,14 @@ class GrammarMatcher:
     def reset(self) -> None:
         self._history: list[int] = [self.compiled.initial_state]
         self._terminated = False
+        # What the next mask is for: the last configuration, DEAD once terminated (read
+        # on every fill, so kept apart from the history).
+        self._state = self.compiled.initial_state
         self._bitmask: Any = None
         self._bitmask_view: np.ndarray | None = None
         self._bitmask_bytes: memoryview | None = None  # of a C-contiguous bitmask
         self._row_bytes = self._row_count = 0
+        self._row_index, self._row_slice = -1, slice(0)
 
     @property
     def state(self) -> int:
@@ -679,7 +690,7 @@ class GrammarMatcher:
         """
         # The warm path is a dictionary hit and a byte copy: each line here costs a few
         # percent of it, so the cache is read directly and the bitmask's views are kept.
-        state = DEAD if self._terminated else self._history[-1]
+        state = self._state
         entry = self._masks.get(state)
         if entry is None:
             entry = self.compiled.cached_mask(state)
@@ -688,10 +699,13 @@ class GrammarMatcher:
         if bitmask is not self._bitmask:  # views of a tensor cost microseconds: made once
             self._bind(bitmask)
         raw = entry[2]
+        if index == self._row_index:
+            self._bitmask_bytes[self._row_slice] = raw
+            return not entry[1]
         size = self._row_bytes
         if size == len(raw) and 0 <= index < self._row_count:  # half numpy's cost
-            start = index * size
-            self._bitmask_bytes[start : start + size] = raw
+            self._row_index, self._row_slice = index, slice(index * size, (index + 1) * size)
+            self._bitmask_bytes[self._row_slice] = raw
             return not entry[1]
         packed = entry[0]
         target = self._bitmask_view[index]
@@ -713,20 +727,26 @@ class GrammarMatcher:
             self._row_count, self._row_bytes = view.shape[0], view.shape[1] * 4
         else:
             self._bitmask_bytes, self._row_count, self._row_bytes = None, 0, 0
+        self._row_index = -1  # the row slice is for the bitmask bound before
 
     def accept_token(self, token_id: int) -> bool:
         """Advance by one token; returns False (state unchanged) if it is not allowed."""
         if self._terminated:
             return False
-        compiled, state = self.compiled, self._history[-1]
-        if token_id in compiled.stop_ids and compiled.is_accepting(state):
-            self._history.append(state)
-            self._terminated = True
-            return True
-        nxt = compiled.state_after_token(state, token_id)
-        if nxt == DEAD:
-            return False
+        compiled, state = self.compiled, self._state
+        nxt = compiled._token_next[state].get(token_id)
+        if nxt is None:
+            if token_id in compiled.stop_ids and compiled._accepting[state]:
+                self._history.append(state)
+                self._terminated, self._state = True, DEAD
+                return True
+            nxt = compiled.state_after_token(state, token_id)
+            if nxt == DEAD:
+                return False
+            compiled._token_next[state][token_id] = nxt
+            compiled._token_next_count += 1
         self._history.append(nxt)
+        self._state = nxt
         return True
 
     def accept_tokens(self, token_ids: Sequence[int]) -> bool:
@@ -739,13 +759,16 @@ class GrammarMatcher:
 
     def accept_string(self, text: str | bytes) -> bool:
         """Advance by raw text bytes (used for jump-forward); False and no change if rejected."""
+        if self._terminated:
+            return False
         data = text.encode() if isinstance(text, str) else text
-        state = self.state
+        state = self._state
         for byte in data:
             state = self.compiled.next_state(state, byte)
             if state == DEAD:
                 return False
         self._history.append(state)
+        self._state = state
         return True
 
     def rollback(self, num_tokens: int = 1) -> None:
@@ -755,6 +778,7 @@ class GrammarMatcher:
         if num_tokens:
             del self._history[-num_tokens:]
             self._terminated = False
+            self._state = self._history[-1]
 
     def is_terminated(self) -> bool:
         """True after a stop token was accepted, or when the grammar is complete and nothing

@@ -194,6 +194,46 @@ def test_stop_token_only_where_the_grammar_may_end():
     assert not matcher.accept_token(eos)
 
 
+def test_a_stop_token_ends_the_matcher_until_rolled_back():
+    vocab = smollm2()
+    compiled = compile_grammar(Grammar.from_peg('root = "ab" "c"?'), vocab)
+    matcher = compiled.matcher()
+    bitmask = allocate_token_bitmask(1, vocab.size)
+    eos = vocab.eos_ids[0]
+    assert matcher.accept_string(b"ab")
+    before = allowed_ids(matcher, bitmask)
+    assert eos in before and matcher.accept_token(eos)
+    assert len(allowed_ids(matcher, bitmask)) == 0  # nothing may follow the stop token
+    assert not matcher.accept_string(b"c")
+    matcher.rollback(1)
+    assert np.array_equal(allowed_ids(matcher, bitmask), before)
+    assert matcher.accept_string(b"c") and matcher.is_accepting()
+
+
+def test_tokens_read_again_lead_where_they_led_the_first_time():
+    """Accepted tokens are remembered per configuration; a replay (another matcher, or
+    after a rollback) takes the same steps, and a refused token stays refused."""
+    vocab = smollm2()
+    compiled = compile_grammar(Grammar.from_peg(TOOL), vocab)
+    ids = smollm2_tokenizer()(valid_outputs("tool")[0], add_special_tokens=False)["input_ids"]
+    bitmask = allocate_token_bitmask(1, vocab.size)
+    first, second = compiled.matcher(), compiled.matcher()
+    states = []
+    for token in ids:
+        state = first.state
+        forbidden = int(np.setdiff1d(np.arange(vocab.size), allowed_ids(first, bitmask))[0])
+        assert not first.accept_token(forbidden) and not first.accept_token(forbidden)
+        assert first.state == state
+        assert first.accept_token(token)
+        assert first.state == compiled.state_after_token(state, token)
+        states.append(first.state)
+    for token, state in zip(ids, states, strict=True):
+        assert token in allowed_ids(second, bitmask)
+        assert second.accept_token(token) and second.state == state
+    first.rollback(len(ids))
+    assert first.accept_tokens(ids) and first.state == states[-1]
+
+
 def test_lazy_region_reports_no_mask_needed():
     vocab = smollm2()
     compiled = compile_grammar(Grammar.from_peg(CHAT), vocab)
@@ -219,6 +259,10 @@ def test_batch_filling_writes_one_row_per_matcher():
     second.fill_next_token_bitmask(single)
     assert np.array_equal(bitmask[1].numpy(), single[0].numpy())
     assert not np.array_equal(bitmask[0].numpy(), bitmask[1].numpy())
+    first.fill_next_token_bitmask(bitmask, 1)  # the same matcher, another row of the bitmask
+    assert np.array_equal(bitmask[1].numpy(), bitmask[0].numpy())
+    second.fill_next_token_bitmask(bitmask, 0)
+    assert np.array_equal(bitmask[0].numpy(), single[0].numpy())
 
 
 def test_logits_wider_than_the_vocabulary():
