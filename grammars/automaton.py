@@ -45,6 +45,7 @@ _ROW_BYTES = 1024 + 64  # an array('i') of 256 transitions and its header
 _PAIR_BYTES = 72  # a (pc, stack) tuple of two small ints and its slot in a configuration
 _TOKEN_NEXT_BYTES = 100  # an accepted token's entry in its configuration's dict
 _NARROW_FRONTIER = 48  # walk depth-first below a level with at most this many children
+_NARROW_ROOT = 8  # a configuration that may read at most this many bytes steps on each
 _ROW_THREADS = 8  # a configuration with more threads gets ...
 _ROW_AT = 8  # ... a whole row only when a walk level needs more bytes of it at once
 
@@ -580,7 +581,22 @@ class CompiledGrammar:
 
     def _live_children_of_root(self, config: int, trie: TokenTrie) -> tuple[np.ndarray, np.ndarray]:
         """The first level of `_live_nodes`: the root's children are one range of the trie
-        and have one parent, so this level is slices and a row lookup (every walk has it)."""
+        and have one parent, so this level is slices and a row lookup (every walk has it);
+        when only a few bytes may be live (inside a literal, say), it is those bytes' steps."""
+        bits = self._live_bits[config]
+        if bits.bit_count() <= _NARROW_ROOT:
+            nodes, states, first, step = [], [], trie.first_child, self._step
+            while bits:
+                low = bits & -bits
+                bits ^= low
+                byte = low.bit_length() - 1
+                node = first[byte]
+                if node >= 0:
+                    nxt = step(config, byte)
+                    if nxt != DEAD:
+                        nodes.append(node)
+                        states.append(nxt)
+            return np.array(nodes, dtype=np.int64), np.array(states, dtype=np.int32)
         start, end = int(trie.child_start[0]), int(trie.child_end[0])
         child_bytes = trie.byte[start:end]
         next_states = self._table[config][child_bytes]

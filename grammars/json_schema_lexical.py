@@ -362,31 +362,35 @@ def _raw_part(ranges: Ranges) -> Node | None:
 
 @lru_cache(maxsize=4096)
 def escape_part(ranges: Ranges) -> Node | None:
-    """The escaped spellings of the characters in `ranges` (None when there are none)."""
-    alts: list[Node] = []
-    for code, spelling in ((0x22, b'\\"'), (0x5C, b"\\\\"), (0x2F, b"\\/")):
-        if _intersect(ranges, code, code):
-            alts.append(Literal(spelling))
-    escapes: list[Node] = []
+    """The escaped spellings of the characters in `ranges` (None when there are none).
+
+    They share their leading backslash (and `u`), so that a string's configuration has one
+    thread waiting for `\\` rather than one per escape."""
+    letters = [spelling for code, spelling in ((0x22, b'"'), (0x5C, b"\\"), (0x2F, b"/"))
+               if _intersect(ranges, code, code)]
+    hex_escapes: list[Node] = []
     for lo, hi in _intersect(ranges, 0, 0x1F):
-        escapes.append(_hex4(lo, hi))
-        alts.extend(Literal(b"\\" + _SHORT_ESCAPES[c]) for c in range(lo, hi + 1)
-                    if c in _SHORT_ESCAPES)
+        hex_escapes.append(_hex4(lo, hi))
+        letters.extend(_SHORT_ESCAPES[c] for c in range(lo, hi + 1) if c in _SHORT_ESCAPES)
     for lo, hi in _intersect(ranges, 0x7F, 0xFFFF):
-        escapes.append(_hex4(lo, hi))
-    if escapes:
-        alts.append(seq(Literal(b"\\u"), choice(*escapes)))
+        hex_escapes.append(_hex4(lo, hi))
     for lo, hi in _intersect(ranges, 0x10000, MAX_UNICODE):
-        alts.append(_surrogate_pairs(lo, hi))
-    return choice(*alts) if alts else None
+        hex_escapes.append(_surrogate_pairs(lo, hi))
+    after: list[Node] = []
+    if letters:
+        codes = sorted(letter[0] for letter in letters)
+        after.append(CharClass(tuple((code, code) for code in codes)))
+    if hex_escapes:
+        after.append(seq(Literal(b"u"), choice(*hex_escapes)))
+    return seq(Literal(b"\\"), choice(*after)) if after else None
 
 
 def _surrogate_pairs(lo: int, hi: int) -> Node:
-    """`\\uD8xx\\uDCxx` pairs for the astral scalars lo..hi."""
+    """`uD8xx\\uDCxx` (after the first backslash) pairs for the astral scalars lo..hi."""
     (hl, ll), (hh, lh) = divmod(lo - 0x10000, 0x400), divmod(hi - 0x10000, 0x400)
 
     def pair(h_lo: int, h_hi: int, l_lo: int, l_hi: int) -> Node:
-        return seq(Literal(b"\\u"), _hex4(0xD800 + h_lo, 0xD800 + h_hi),
+        return seq(_hex4(0xD800 + h_lo, 0xD800 + h_hi),
                    Literal(b"\\u"), _hex4(0xDC00 + l_lo, 0xDC00 + l_hi))
 
     if hl == hh:
@@ -396,8 +400,6 @@ def _surrogate_pairs(lo: int, hi: int) -> Node:
         alts.append(pair(hl + 1, hh - 1, 0, 0x3FF))
     alts.append(pair(hh, hh, 0, lh))
     return choice(*alts)
-
-
 
 
 def encode_ranges(ranges: Ranges, rest: Node | None = None) -> Node | None:

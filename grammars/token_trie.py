@@ -78,6 +78,14 @@ class TokenTrie:
         return self.child_start.tolist(), self.child_end.tolist(), self.byte.tolist()
 
     @functools.cached_property
+    def first_child(self) -> list[int]:
+        """Per byte, the root's child for it (the node of the one-byte prefix), or -1."""
+        first = [-1] * 256
+        for node in range(int(self.child_start[0]), int(self.child_end[0])):
+            first[int(self.byte[node])] = node
+        return first
+
+    @functools.cached_property
     def plain_allowed(self) -> np.ndarray:
         """bool [vocab size]: True at `plain_tokens` (copied, not scattered, into each mask
         of a configuration inside text: most of the vocabulary)."""
