@@ -483,10 +483,15 @@ class _Compiler:
         sequences = char_class_sequences(node)
         if not sequences:
             raise GrammarError("character class matches nothing")
-        # Group single-byte sequences into one instruction; multi-byte ones as a choice.
+        # Group single-byte sequences into one instruction; multi-byte ones as a choice, one
+        # branch per continuation (E1-EC and EE-EF, say, lead to the same two bytes), so that
+        # a configuration inside text waits on as few threads as there are continuations.
         singles = [seq[0] for seq in sequences if len(seq) == 1]
-        multis = [seq for seq in sequences if len(seq) > 1]
-        if not multis:
+        tails: dict[tuple[tuple[int, int], ...], list[tuple[int, int]]] = {}
+        for seq in sequences:
+            if len(seq) > 1:
+                tails.setdefault(tuple(seq[1:]), []).append(seq[0])
+        if not tails:
             return [self.byte_instr(singles)]
         split = self.emit(SPLIT)
         starts: list[int] = []
@@ -494,10 +499,10 @@ class _Compiler:
         if singles:
             starts.append(len(self.kind))
             exits.append(self.byte_instr(singles))
-        for seq in multis:
+        for tail, leads in tails.items():
             starts.append(len(self.kind))
-            prev: list[int] = []
-            for lo, hi in seq:
+            prev = [self.byte_instr(leads)]
+            for lo, hi in tail:
                 pc = self.byte_instr([(lo, hi)])
                 self.link(prev, pc)
                 prev = [pc]
