@@ -232,7 +232,7 @@ class Row:
         they release."""
         spec, matcher = self.spec, self.spec.matcher
         self.generated.append(token_id)
-        if token_id in spec.stop_ids:
+        if token_id in spec.stop_ids or (matcher is not None and matcher.stopped):
             return self.finish("stop")
         tokens = [token_id]
         if matcher is not None and not matcher.is_terminated():

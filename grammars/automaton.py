@@ -118,11 +118,16 @@ class CompiledGrammar:
         self._lexed = bool(self.lexer)  # read often: a plain attribute
         self._split = functools.lru_cache(maxsize=None)(self.lexer.split)
         self._plain_ascii = tuple(b for b in PLAIN_ASCII if b not in self.lexer.first_bytes)
+        self._plain_ascii_bits = sum(1 << byte for byte in self._plain_ascii)
         self._multibyte_spelled = any(b >= 0x80 for b in self.lexer.first_bytes)
         self.trie: TokenTrie = token_trie(vocab, self.lexer.first_bytes)
         self.words = (vocab.size + 31) // 32
         stops = vocab.eos_ids if stop_token_ids is None else tuple(stop_token_ids)
+        # Stop tokens end the output without being part of it. One the grammar reads as a
+        # symbol is read where the grammar reads it, and is a stop where the grammar may end
+        # but does not read it.
         self.stop_ids = tuple(t for t in stops if t not in self.special_symbol)
+        self._symbol_stop_ids = tuple(t for t in stops if t in self.special_symbol)
         # Configuration store: id -> threads; key -> id; accepting flags; byte transitions
         # (as Python rows for scalar lookups and mirrored in a numpy table for vector walks).
         # With spelled specials, a configuration may also hold back bytes that can still
@@ -452,7 +457,8 @@ class CompiledGrammar:
                 if token_id < self.vocab.size and self.next_state(config, symbol) != DEAD:
                     allowed[token_id] = True
             if self._accepting[config]:
-                allowed[[t for t in self.stop_ids if t < self.vocab.size]] = True
+                allowed[[t for t in (*self.stop_ids, *self._symbol_stop_ids)
+                         if t < self.vocab.size]] = True
         return pack_bool_mask(allowed, self.vocab.size), free
 
     def _run_split(self, config: int) -> tuple[int, int, bytes, int] | None:
@@ -501,6 +507,9 @@ class CompiledGrammar:
         known = self._plain_loop.get(config)
         if known is not None:
             return known
+        if self._plain_ascii_bits & ~self._live_bits[config]:  # a plain byte is dead
+            self._plain_loop[config] = False
+            return False
         row = self._row(config)
         result = not self._held[config] and all(row[b] == config for b in self._plain_ascii)
         if result:
@@ -753,17 +762,27 @@ class GrammarMatcher:
         nxt = compiled._token_next[state].get(token_id)
         if nxt is None:
             if token_id in compiled.stop_ids and compiled._accepting[state]:
-                self._history.append(state)
-                self._terminated, self._state = True, DEAD
-                return True
+                return self._stop()
             nxt = compiled.state_after_token(state, token_id)
             if nxt == DEAD:
+                if token_id in compiled._symbol_stop_ids and compiled._accepting[state]:
+                    return self._stop()
                 return False
             compiled._token_next[state][token_id] = nxt
             compiled._token_next_count += 1
         self._history.append(nxt)
         self._state = nxt
         return True
+
+    def _stop(self) -> bool:
+        self._history.append(self._state)
+        self._terminated, self._state = True, DEAD
+        return True
+
+    @property
+    def stopped(self) -> bool:
+        """Whether a stop token ended the generation (it is not part of the output)."""
+        return self._terminated
 
     def accept_tokens(self, token_ids: Sequence[int]) -> bool:
         """Accept several tokens; on the first rejected one, undo them all and return False."""

@@ -109,9 +109,18 @@ class StreamParser:
         needs more), or 'invalid'."""
         if self._error is not None:
             return INVALID
-        if self._matched and not self._pending:
-            return COMPLETE
-        return INCOMPLETE
+        return COMPLETE if self._ends_here() else INCOMPLETE
+
+    def _ends_here(self) -> bool:
+        """Whether the input may end now: held-back bytes are then read as text (`finish`)."""
+        if not self._pending:
+            return bool(self._matched)
+        threads, matched = self._threads, self._matched
+        for symbol, _ in SpellingLexer.flush(self._pending):
+            threads, matched = self.runtime.step(threads, symbol, 0, False)
+            if not threads:
+                break
+        return bool(matched)
 
     @property
     def error(self) -> ParseError | None:
@@ -119,6 +128,9 @@ class StreamParser:
 
     @property
     def can_continue(self) -> bool:
+        """Whether more input may follow. While bytes are held back (they may start a special
+        token's spelling) this may be True although no continuation is valid: the error then
+        comes with the next input or at `finish`."""
         return self._error is None and bool(self._threads)
 
     # ----------------------------------------------------------------- input

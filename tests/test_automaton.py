@@ -210,6 +210,25 @@ def test_a_stop_token_ends_the_matcher_until_rolled_back():
     assert matcher.accept_string(b"c") and matcher.is_accepting()
 
 
+def test_a_stop_token_the_grammar_reads_is_also_a_stop_where_the_grammar_may_end():
+    """The stop token (SmolLM2's `<|im_end|>`) used as a grammar symbol: read where the grammar
+    reads it, and still a stop wherever the grammar may end without reading it."""
+    vocab = smollm2()
+    eos = vocab.eos_ids[0]
+    compiled = compile_grammar(
+        Grammar.from_peg(f'root = "a" [ ]* | "b" token("{vocab.special_names[eos]}")'), vocab)
+    bitmask = allocate_token_bitmask(1, vocab.size)
+    matcher = compiled.matcher()
+    assert eos not in allowed_ids(matcher, bitmask) and not matcher.accept_token(eos)
+    assert matcher.accept_string(b"a ")
+    assert eos in allowed_ids(matcher, bitmask)
+    assert matcher.accept_token(eos) and matcher.stopped and matcher.is_terminated()
+    matcher.reset()
+    assert matcher.accept_string(b"b") and eos in allowed_ids(matcher, bitmask)
+    assert matcher.accept_token(eos) and not matcher.stopped  # read: part of the output
+    assert matcher.is_terminated() and matcher.is_accepting()
+
+
 def test_tokens_read_again_lead_where_they_led_the_first_time():
     """Accepted tokens are remembered per configuration; a replay (another matcher, or
     after a rollback) takes the same steps, and a refused token stays refused."""

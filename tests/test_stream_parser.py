@@ -112,6 +112,22 @@ def test_status_and_errors():
         p.feed("c")  # stays failed
 
 
+def test_status_is_complete_when_held_back_bytes_would_end_the_input():
+    """Bytes that may start a special token's spelling are held back; the input is complete
+    when it would be with them read as text (what `finish` does), and not otherwise."""
+    for peg, text, complete in [('root = [a-z東]* token("東京")?', "a東", True),
+                                ('root = "x" ("<t" | token("<tool_call>") "y")', "x<t", True),
+                                ('root = "x" ("<tz" | token("<tool_call>") "y")', "x<t", False)]:
+        p = Grammar.from_peg(peg).stream_parser()
+        p.feed(text)
+        assert p.status == ("complete" if complete else "prefix"), (peg, text)
+        if complete:
+            p.finish()
+        else:
+            with pytest.raises(ParseError):
+                p.finish()
+
+
 def test_incomplete_input_fails_at_finish():
     g = Grammar.from_peg('root = "ab"')
     p = g.stream_parser()
