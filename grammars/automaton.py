@@ -701,7 +701,8 @@ class GrammarMatcher:
         self._bitmask_view: np.ndarray | None = None
         self._bitmask_bytes: memoryview | None = None  # of a C-contiguous bitmask
         self._row_bytes = self._row_count = 0
-        self._row_index, self._row_slice = -1, slice(0)
+        self._row_index: int | None = None  # the row `_row_slice` is for
+        self._row_slice = slice(0)
 
     @property
     def state(self) -> int:
@@ -752,7 +753,7 @@ class GrammarMatcher:
             self._row_count, self._row_bytes = view.shape[0], view.shape[1] * 4
         else:
             self._bitmask_bytes, self._row_count, self._row_bytes = None, 0, 0
-        self._row_index = -1  # the row slice is for the bitmask bound before
+        self._row_index = None  # the row slice was for the bitmask bound before
 
     def accept_token(self, token_id: int) -> bool:
         """Advance by one token; returns False (state unchanged) if it is not allowed."""

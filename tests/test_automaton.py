@@ -280,6 +280,9 @@ def test_batch_filling_writes_one_row_per_matcher():
     assert not np.array_equal(bitmask[0].numpy(), bitmask[1].numpy())
     first.fill_next_token_bitmask(bitmask, 1)  # the same matcher, another row of the bitmask
     assert np.array_equal(bitmask[1].numpy(), bitmask[0].numpy())
+    second.fill_next_token_bitmask(bitmask, -1)  # rows count from the end too, as in numpy
+    assert not np.array_equal(bitmask[1].numpy(), bitmask[0].numpy())
+    first.fill_next_token_bitmask(bitmask, 1)
     second.fill_next_token_bitmask(bitmask, 0)
     assert np.array_equal(bitmask[0].numpy(), single[0].numpy())
 
