@@ -76,10 +76,15 @@ def _byte_groups(tables: tuple[bytes, ...]) -> tuple[tuple[tuple[int, ...], tupl
     return tuple((indices, tuple(group)) for indices, group in groups.items())
 
 
+def _bits(values: Iterable[int]) -> int:
+    """A set of bytes as the bits of an int (byte b is bit b)."""
+    return sum(1 << byte for byte in values)
+
+
 @functools.lru_cache(maxsize=4096)
 def _bits_of(table: bytes) -> int:
-    """`_bytes_of(table)` as the bits of an int (byte b is bit b)."""
-    return sum(1 << byte for byte in _bytes_of(table))
+    """`_bytes_of(table)` as bits (memoized like it)."""
+    return _bits(_bytes_of(table))
 
 
 def _accepted_bytes(program: Program) -> list[tuple[int, ...]]:
@@ -118,7 +123,7 @@ class CompiledGrammar:
         self._lexed = bool(self.lexer)  # read often: a plain attribute
         self._split = functools.lru_cache(maxsize=None)(self.lexer.split)
         self._plain_ascii = tuple(b for b in PLAIN_ASCII if b not in self.lexer.first_bytes)
-        self._plain_ascii_bits = sum(1 << byte for byte in self._plain_ascii)
+        self._plain_ascii_bits = _bits(self._plain_ascii)
         self._multibyte_spelled = any(b >= 0x80 for b in self.lexer.first_bytes)
         self.trie: TokenTrie = token_trie(vocab, self.lexer.first_bytes)
         self.words = (vocab.size + 31) // 32
@@ -128,6 +133,7 @@ class CompiledGrammar:
         # but does not read it.
         self.stop_ids = tuple(t for t in stops if t not in self.special_symbol)
         self._symbol_stop_ids = tuple(t for t in stops if t in self.special_symbol)
+        self._mask_stop_ids = [t for t in stops if t < vocab.size]  # allowed where it may end
         # Configuration store: id -> threads; key -> id; accepting flags; byte transitions
         # (as Python rows for scalar lookups and mirrored in a numpy table for vector walks).
         # With spelled specials, a configuration may also hold back bytes that can still
@@ -157,7 +163,7 @@ class CompiledGrammar:
         # Per configuration, the bytes that may not lead to DEAD (those its threads read, and
         # with spelled specials their first bytes): a walk skips the others without a step.
         self._accept_bits = [_bits_of(table) for table in self._accept_tables]
-        self._lexer_bits = sum(1 << byte for byte in self.lexer.first_bytes)
+        self._lexer_bits = _bits(self.lexer.first_bytes)
         self._live_bits: list[int] = [0]
         self._pair_count = 0  # threads over all configurations, for `memory_bytes`
         # Per configuration, the tokens accepted from it so far and where they led: a
@@ -457,8 +463,7 @@ class CompiledGrammar:
                 if token_id < self.vocab.size and self.next_state(config, symbol) != DEAD:
                     allowed[token_id] = True
             if self._accepting[config]:
-                allowed[[t for t in (*self.stop_ids, *self._symbol_stop_ids)
-                         if t < self.vocab.size]] = True
+                allowed[self._mask_stop_ids] = True
         return pack_bool_mask(allowed, self.vocab.size), free
 
     def _run_split(self, config: int) -> tuple[int, int, bytes, int] | None:

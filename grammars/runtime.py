@@ -152,7 +152,8 @@ class Runtime:
         callers memoize it, each in the form it needs."""
         prog = self.program
         kind, arg, aux, targets = prog.kind, prog.arg, prog.aux, prog.targets
-        if kind[pc] == BYTE:  # inside a literal, most seeds already wait for a byte
+        # A seed waiting for a symbol is its own closure (most seeds inside literals).
+        if kind[pc] == BYTE or kind[pc] == SPECIAL:
             return (((pc, stack), ()),), ()
         stacks = self.stacks
         s_ret, s_parent, s_depth = stacks.ret, stacks.parent, stacks.depth
