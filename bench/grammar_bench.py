@@ -53,6 +53,7 @@ import numpy as np
 
 from pegmask.bench.shared_data import JSONSCHEMA_DIR
 from pegmask.grammars.json_schema import DEFAULT_MAX_WHITESPACE
+from pegmask.kernels.bitmask import bitmask_words
 
 ENGINES = ("pegmask", "xgrammar", "llguidance", "outlines")
 BASELINE = "xgrammar"
@@ -195,7 +196,7 @@ class Engine:
 
     def __init__(self, model: Model):
         self.model = model
-        self.bitmask_np: np.ndarray = np.zeros((1, (model.size + 31) // 32), dtype=np.int32)
+        self.bitmask_np: np.ndarray = np.zeros((1, bitmask_words(model.size)), dtype=np.int32)
 
     def compile(self, schema: str) -> Any:
         raise NotImplementedError
@@ -673,7 +674,7 @@ def python_fill_floor(model: Model, calls: int = FLOOR_CALLS) -> tuple[float, fl
     times a fill (through `functools.partial`, between two clock reads): what a fill
     written in Python costs at the least, on this machine and this vocabulary's row width."""
     clock = time.perf_counter_ns
-    bitmask = np.zeros((1, (model.size + 31) // 32), dtype=np.int32)
+    bitmask = np.zeros((1, bitmask_words(model.size)), dtype=np.int32)
     floor = _FloorFill(bitmask)
     medians = []
     for method in (floor.nothing, floor.copy):
@@ -927,7 +928,7 @@ def report_model(model: Model, setups: dict[str, Setup], tools: list[SchemaRun],
         "",
         f"Floor of a fill written in Python, timed the same way: a method that returns at once "
         f"{floor[0]:.2f} µs; one that only copies a mask into the row "
-        f"({4 * ((model.size + 31) // 32):,} bytes) {floor[1]:.2f} µs (median of "
+        f"({4 * bitmask_words(model.size):,} bytes) {floor[1]:.2f} µs (median of "
         f"{FLOOR_CALLS:,} calls).",
     ]
     for engines in (ENGINES, ENGINES[:-1]):
