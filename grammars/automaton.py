@@ -45,6 +45,7 @@ _ROW_BYTES = 1024 + 64  # an array('i') of 256 transitions and its header
 _PAIR_BYTES = 72  # a (pc, stack) tuple of two small ints and its slot in a configuration
 _TOKEN_NEXT_BYTES = 100  # an accepted token's entry in its configuration's dict
 _NARROW_FRONTIER = 48  # walk depth-first below a level with at most this many children
+_CUT_FRONTIER = 512  # a walk looks for plain-text loops on a level with at least this many children
 _NARROW_ROOT = 8  # a configuration that may read at most this many bytes steps on each
 _ROW_THREADS = 8  # a configuration with more threads gets ...
 _ROW_AT = 8  # ... a whole row only when a walk level needs more bytes of it at once
@@ -151,9 +152,11 @@ class CompiledGrammar:
         self._base: list[int] = [DEAD]
         self._table = np.full((64, 256), UNKNOWN, dtype=np.int32)
         self._table[DEAD] = DEAD
+        # Per configuration, `_loops_on_plain_text` for vector walks: -1 not known yet.
+        self._looping = np.full(64, -1, dtype=np.int8)
+        self._looping[DEAD] = 0
         self._special_next: dict[tuple[int, int], int] = {}
         self._closures: dict[tuple, int] = {}
-        self._plain_loop: dict[int, bool] = {}
         self._run_splits: dict[int, tuple[int, int, bytes, int] | None] = {}
         self._accepted_bytes = _accepted_bytes(self.program)
         never = bytes(256)
@@ -208,6 +211,9 @@ class CompiledGrammar:
             grown = np.full((len(self._table) * 2, 256), UNKNOWN, dtype=np.int32)
             grown[: len(self._table)] = self._table
             self._table = grown
+            looping = np.full(len(grown), -1, dtype=np.int8)
+            looping[: len(self._looping)] = self._looping
+            self._looping = looping
         return config
 
     def _holding(self, base: int, held: bytes) -> int:
@@ -443,28 +449,47 @@ class CompiledGrammar:
         return entry
 
     def _walked_mask(self, config: int) -> tuple[np.ndarray, bool]:
-        """`mask` by a walk of the whole vocabulary trie (of its non-plain tokens inside text)."""
+        """`mask` by a walk of the whole vocabulary trie (of its non-plain tokens inside text,
+        and below the nodes where the walk enters text)."""
         allowed = np.zeros(self.vocab.size, dtype=bool)
         free = False
         if config != DEAD:
             trie = self.trie
+            rest = trie.rest
             if self._loops_on_plain_text(config):
                 # Plain-text tokens all come back to `config`: only walk the other tokens.
-                rest = trie.rest
-                tokens = rest.tokens_at(self._live_nodes(config, rest))
                 allowed[: len(trie.plain_allowed)] = trie.plain_allowed
-                count = len(tokens) + len(trie.plain_tokens)
+                allowed[rest.tokens_at(self._live_nodes(config, rest))] = True
             else:
-                tokens = trie.tokens_at(self._live_nodes(config, trie))
-                count = len(tokens)
-            allowed[tokens] = True
-            free = count == trie.token_count
+                cuts: list[tuple[np.ndarray, np.ndarray]] = []
+                allowed[trie.tokens_at(self._live_nodes(config, trie, cuts))] = True
+                if cuts:
+                    self._allow_below_cuts(allowed, trie, cuts)
+            free = int(np.count_nonzero(allowed)) == trie.token_count
             for token_id, symbol in self.special_symbol.items():
                 if token_id < self.vocab.size and self.next_state(config, symbol) != DEAD:
                     allowed[token_id] = True
             if self._accepting[config]:
                 allowed[self._mask_stop_ids] = True
         return pack_bool_mask(allowed, self.vocab.size), free
+
+    def _allow_below_cuts(self, allowed: np.ndarray, trie: TokenTrie,
+                          cuts: list[tuple[np.ndarray, np.ndarray]]) -> None:
+        """Allow the tokens below the nodes where a walk reached a configuration that loops on
+        plain text (see `_walk_levels`): every plain token below such a node, and the others
+        below it that a walk of the trie of non-plain tokens from there finds."""
+        nodes = np.concatenate([nodes for nodes, _ in cuts])
+        states = np.concatenate([states for _, states in cuts])
+        first, end = trie.first_entry[nodes], trie.end_entry[nodes]
+        counts = end - first
+        entries = np.repeat(first - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
+        allowed[trie.entry_token[entries[trie.plain_entry[entries]]]] = True
+        rest_nodes = trie.rest_node[nodes]
+        keep = rest_nodes >= 0
+        if keep.any():
+            rest = trie.rest
+            below = self._walk_levels(rest, rest_nodes[keep], states[keep])
+            allowed[rest.tokens_at(below)] = True
 
     def _run_split(self, config: int) -> tuple[int, int, bytes, int] | None:
         """(rest, after, class, remaining) when `config` is one thread inside a bounded run of a
@@ -509,11 +534,12 @@ class CompiledGrammar:
     def _loops_on_plain_text(self, config: int) -> bool:
         """Whether every plain-text character (see `token_trie.is_plain_text`) leads from
         `config` back to `config` itself, as inside a JSON string or free text."""
-        known = self._plain_loop.get(config)
-        if known is not None:
-            return known
-        if self._plain_ascii_bits & ~self._live_bits[config]:  # a plain byte is dead
-            self._plain_loop[config] = False
+        known = self._looping[config]
+        if known >= 0:
+            return bool(known)
+        if self._plain_ascii_bits & ~self._live_bits[config] or (  # a plain byte is dead
+                self._plain_ascii and self._step(config, self._plain_ascii[0]) != config):
+            self._looping[config] = 0
             return False
         row = self._row(config)
         result = not self._held[config] and all(row[b] == config for b in self._plain_ascii)
@@ -530,7 +556,7 @@ class CompiledGrammar:
                 if states != {config}:
                     result = False
                     break
-        self._plain_loop[config] = result
+        self._looping[config] = result
         return result
 
     def _threads_loop_on_multibyte(self, config: int) -> bool | None:
@@ -563,19 +589,45 @@ class CompiledGrammar:
                 return False
         return True
 
-    def _live_nodes(self, config: int, trie: TokenTrie) -> np.ndarray:
-        """Nodes of `trie` whose byte prefix `config` can consume (the root excluded).
+    def _live_nodes(self, config: int, trie: TokenTrie,
+                    cuts: list[tuple[np.ndarray, np.ndarray]] | None = None) -> np.ndarray:
+        """Nodes of `trie` whose byte prefix `config` can consume (the root excluded); with
+        `cuts`, see `_walk_levels`."""
+        return self._walk_levels(trie, *self._live_children_of_root(config, trie), cuts)
+
+    def _walk_levels(self, trie: TokenTrie, live_nodes: np.ndarray, live_states: np.ndarray,
+                     cuts: list[tuple[np.ndarray, np.ndarray]] | None = None) -> np.ndarray:
+        """`live_nodes` (reached in `live_states`) and the live nodes below them.
 
         Levels are expanded with numpy while the frontier is wide; once it is narrow, a plain
         depth-first walk is cheaper than a dozen array operations per level.
+
+        With `cuts` (a walk of the full trie), a node reached in a configuration that loops on
+        plain text, at a character boundary, is not expanded: it goes to `cuts` with its
+        configuration, since every plain token below it is allowed and the others are below
+        the node of the same bytes in `trie.rest` (see `_allow_below_cuts`). In an object's
+        key where keys other than its properties' are allowed, most of the trie is below such
+        nodes.
         """
         found: list[np.ndarray] = []
-        live_nodes, live_states = self._live_children_of_root(config, trie)
         while len(live_nodes):
             found.append(live_nodes)
             starts = trie.child_start[live_nodes]
             counts = trie.child_end[live_nodes] - starts
             total = int(counts.sum())
+            if cuts is not None and total >= _CUT_FRONTIER:
+                looping = self._looping[live_states]
+                if (looping < 0).any():
+                    for state in np.unique(live_states[looping < 0]).tolist():
+                        self._loops_on_plain_text(state)
+                    looping = self._looping[live_states]
+                cut = (looping == 1) & trie.boundary[live_nodes]
+                if cut.any():
+                    cuts.append((live_nodes[cut], live_states[cut]))
+                    keep = ~cut
+                    live_nodes, live_states = live_nodes[keep], live_states[keep]
+                    starts, counts = starts[keep], counts[keep]
+                    total = int(counts.sum())
             if total <= _NARROW_FRONTIER:
                 found.append(self._walk_depth_first(trie, live_nodes.tolist(), live_states.tolist()))
                 break

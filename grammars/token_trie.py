@@ -65,12 +65,26 @@ class TokenTrie:
     duplicate_token: np.ndarray  # int64: ... and that token
     depth: int
     token_count: int
+    # Entries are the tokens in byte order; the tokens below a node are a range of them.
+    entry_token: np.ndarray  # int64 [entries]: the token of each entry
+    first_entry: np.ndarray  # int64 [nodes]: the first entry below (or at) the node ...
+    end_entry: np.ndarray  # int64 [nodes]: ... and the end of its range
+    boundary: np.ndarray  # bool [nodes]: the node's bytes do not end inside a UTF-8 character
     plain_tokens: np.ndarray  # int64: ids of plain-text tokens (set only on a full trie) ...
     rest: TokenTrie | None  # ... and the trie of all its other tokens
+    plain_entry: np.ndarray | None = None  # bool [entries]: the entry is a plain token
+    rest_node: np.ndarray | None = None  # int64 [nodes]: the node of `rest` with the same bytes, or -1
 
     @property
     def node_count(self) -> int:
         return len(self.byte)
+
+    @functools.cached_property
+    def parent(self) -> np.ndarray:
+        """int64 [nodes]: each node's parent (the root's is 0)."""
+        parent = np.zeros(self.node_count, dtype=np.int64)
+        parent[1:] = np.repeat(np.arange(self.node_count), self.child_end - self.child_start)
+        return parent
 
     @functools.cached_property
     def lists(self) -> tuple[list[int], list[int], list[int]]:
@@ -121,10 +135,10 @@ def token_trie(vocab: Vocabulary, not_plain: frozenset[int] = frozenset()) -> To
                  for data in vocab.token_bytes]
         rest = build_token_trie([None if p else d for d, p in zip(vocab.token_bytes, plain, strict=False)])
         plain_tokens = np.flatnonzero(plain).astype(np.int64)
-        if not_plain:  # the same trie, split differently
-            trie = dataclasses.replace(token_trie(vocab), plain_tokens=plain_tokens, rest=rest)
-        else:
-            trie = build_token_trie(vocab.token_bytes, plain_tokens=plain_tokens, rest=rest)
+        full = token_trie(vocab) if not_plain else build_token_trie(vocab.token_bytes)
+        trie = dataclasses.replace(full, plain_tokens=plain_tokens, rest=rest,
+                                   plain_entry=np.asarray(plain, dtype=bool)[full.entry_token],
+                                   rest_node=_same_nodes(full, rest))
         tries[not_plain] = trie
     return trie
 
@@ -171,12 +185,33 @@ def run_trie(vocab: Vocabulary, table: bytes) -> RunTrie:
     return trie
 
 
-def build_token_trie(
-    token_bytes: list[bytes | None],
-    *,
-    plain_tokens: np.ndarray | None = None,
-    rest: TokenTrie | None = None,
-) -> TokenTrie:
+def _same_nodes(trie: TokenTrie, sub: TokenTrie) -> np.ndarray:
+    """Per node of `trie`, the node of `sub` (a trie of some of its tokens) with the same bytes,
+    or -1. Found one level of `sub` at a time: (parent, byte) increases with the node."""
+    same = np.full(trie.node_count, -1, dtype=np.int64)
+    same[0] = 0
+    in_trie = np.zeros(sub.node_count, dtype=np.int64)  # the inverse, for sub's parents
+    keys = trie.parent * 256 + trie.byte
+    keys[0] = -1
+    level = np.zeros(1, dtype=np.int64)
+    while True:
+        starts, ends = sub.child_start[level], sub.child_end[level]
+        parents = ends > starts
+        if not parents.any():
+            return same
+        children = np.arange(int(starts[parents][0]), int(ends[parents][-1]))
+        nodes = np.searchsorted(keys, in_trie[sub.parent[children]] * 256 + sub.byte[children])
+        in_trie[children] = nodes
+        same[nodes] = children
+        level = children
+
+
+# Per byte, how many continuation bytes follow it in a UTF-8 character (-1: it cannot start one).
+_CONTINUATIONS = np.array([0] * 0x80 + [-1] * 0x42 + [1] * 0x1E + [2] * 0x10 + [3] * 5 + [-1] * 11,
+                          dtype=np.int64)
+
+
+def build_token_trie(token_bytes: list[bytes | None]) -> TokenTrie:
     entries = sorted(
         (data, token_id) for token_id, data in enumerate(token_bytes) if data
     )
@@ -186,10 +221,11 @@ def build_token_trie(
     level_byte: list[list[int]] = [[] for _ in range(max_len + 1)]
     level_parent[0].append(-1)
     level_byte[0].append(0)
+    level_first: list[list[int]] = [[0]] + [[] for _ in range(max_len)]  # entry making a node
     current = [0] * (max_len + 1)  # node index (within its level) of the current prefix
     token_level_index: list[tuple[int, int, int]] = []
     previous = b""
-    for data, token_id in entries:
+    for entry, (data, token_id) in enumerate(entries):
         common = 0
         limit = min(len(previous), len(data))
         while common < limit and previous[common] == data[common]:
@@ -197,6 +233,7 @@ def build_token_trie(
         for d in range(common + 1, len(data) + 1):
             level_parent[d].append(current[d - 1])
             level_byte[d].append(data[d - 1])
+            level_first[d].append(entry)
             current[d] = len(level_parent[d]) - 1
         token_level_index.append((token_id, len(data), current[len(data)]))
         previous = data
@@ -218,6 +255,22 @@ def build_token_trie(
         else:
             child_start[lo : offsets[d + 1]] = 0
             child_end[lo : offsets[d + 1]] = 0
+    first_entry = np.concatenate([np.asarray(level, dtype=np.int64) for level in level_first])
+    end_entry = np.full(total, len(entries), dtype=np.int64)
+    pending = np.zeros(total, dtype=np.int64)  # continuation bytes the node's bytes lack
+    for d in range(1, max_len + 1):
+        lo, hi = offsets[d], offsets[d + 1]
+        parents = np.asarray(level_parent[d], dtype=np.int64) + offsets[d - 1]
+        # A node's range ends where its next sibling's starts, or where its parent's ends.
+        ends = end_entry[parents]
+        sibling = parents[1:] == parents[:-1]
+        ends[:-1][sibling] = first_entry[lo + 1 : hi][sibling]
+        end_entry[lo:hi] = ends
+        level = byte[lo:hi]
+        before = pending[parents]
+        continues = (level & 0xC0) == 0x80
+        pending[lo:hi] = np.where(before > 0, np.where(continues, before - 1, -1),
+                                  np.where(before < 0, -1, _CONTINUATIONS[level]))
     token_node = np.full(len(token_bytes), -1, dtype=np.int64)
     node_token = np.full(total, -1, dtype=np.int64)
     duplicates: list[tuple[int, int]] = []
@@ -232,5 +285,6 @@ def build_token_trie(
     return TokenTrie(
         byte, child_start, child_end, token_node, node_token, duplicate[:, 0], duplicate[:, 1],
         max_len, len(token_level_index),
-        np.zeros(0, dtype=np.int64) if plain_tokens is None else plain_tokens, rest,
+        np.asarray([token_id for _, token_id in entries], dtype=np.int64), first_entry, end_entry,
+        pending == 0, np.zeros(0, dtype=np.int64), None,
     )

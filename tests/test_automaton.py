@@ -14,7 +14,13 @@ from hypothesis import strategies as st
 from vocabularies import smollm2, smollm2_tokenizer
 
 from pegmask.grammars import Grammar
-from pegmask.grammars.automaton import GrammarCompiler, compile_grammar, fill_next_token_bitmasks
+from pegmask.grammars.automaton import (
+    CompiledGrammar,
+    GrammarCompiler,
+    compile_grammar,
+    fill_next_token_bitmasks,
+)
+from pegmask.grammars.token_trie import token_trie
 from pegmask.kernels import allocate_token_bitmask
 
 CHAT = r"""
@@ -410,6 +416,82 @@ def test_masks_are_exact_in_grammars_with_bounded_runs(peg):
             if not ordinary:
                 break
             state = compiled.state_after_token(state, rng.choice(ordinary))
+
+
+CUT_CASES = {
+    "object keys beside any key": (
+        Grammar.from_json_schema({
+            "type": "object",
+            "properties": {"name": {"type": "string"}, "size": {"type": "integer"}},
+            "additionalProperties": {"type": "array", "items": {"type": "string"}},
+        }),
+        '{"name": "Zoë", "size": 3, "sizes": ["a b", "東京"], "naming": []}',
+    ),
+    "a letter, then text": (Grammar.from_peg(r'root = [a-z] [^"\\\x00-\x1f]* "\"" "!"'),
+                            'hello wörld"!'),
+    "keywords or text": (
+        Grammar.from_peg(r'root = ("select" | "sum" | [a-z]+ [^"\\\x00-\x1f]*) "\"" [0-9]'),
+        'sumo wrestler"3',
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CUT_CASES))
+def test_masks_are_exact_where_a_walk_meets_a_plain_text_loop(name, monkeypatch):
+    """A walk of the trie that reaches a configuration looping on plain text below the root
+    allows that node's plain tokens at once and walks only the others: the mask is still
+    exactly the set of tokens the automaton can read, at every byte of a valid text."""
+    grammar, text = CUT_CASES[name]
+    compiled = compile_grammar(grammar, smollm2())
+    cut_nodes = []
+    allow_below_cuts = CompiledGrammar._allow_below_cuts
+
+    def spy(self, allowed, trie, cuts):
+        cut_nodes.extend(node for nodes, _ in cuts for node in nodes.tolist())
+        return allow_below_cuts(self, allowed, trie, cuts)
+
+    monkeypatch.setattr(CompiledGrammar, "_allow_below_cuts", spy)
+    state = compiled.initial_state
+    data = text.encode()
+    for end in range(len(data) + 1):
+        if end:
+            state = compiled.next_state(state, data[end - 1])
+        assert state != 0, data[:end]
+        compiled._masks.clear()
+        assert_mask_is_exact(compiled, state)
+    assert cut_nodes  # the shortcut was taken
+    assert compiled.trie.boundary[cut_nodes].all()
+
+
+def test_trie_ranges_and_twin_nodes_match_token_bytes():
+    """The token trie's per-node ranges of tokens in byte order, its character-boundary flags
+    and its map to the trie of non-plain tokens agree with the tokens' bytes."""
+    vocab = smollm2()
+    trie = token_trie(vocab)
+    rest = trie.rest
+    spelled: dict[int, bytes] = {0: b""}
+    for tree, names in ((trie, spelled), (rest, rest_spelled := {0: b""})):
+        starts, ends, bytes_of = tree.lists
+        for node in range(tree.node_count):
+            for child in range(starts[node], ends[node]):
+                names[child] = names[node] + bytes((bytes_of[child],))
+    rest_node = {data: node for node, data in rest_spelled.items()}
+    rng = random.Random(0)
+    plain = set(trie.plain_tokens.tolist())
+    for node in [0, *rng.sample(range(1, trie.node_count), 400)]:
+        prefix = spelled[node]
+        below = trie.entry_token[trie.first_entry[node] : trie.end_entry[node]].tolist()
+        assert sorted(below) == [t for t, data in enumerate(vocab.token_bytes)
+                                 if data and data.startswith(prefix) and trie.token_node[t] >= 0]
+        entries = trie.plain_entry[trie.first_entry[node] : trie.end_entry[node]].tolist()
+        assert entries == [t in plain for t in below]
+        assert trie.rest_node[node] == rest_node.get(prefix, -1)
+        try:
+            prefix.decode("utf-8")
+            complete = True
+        except UnicodeDecodeError:
+            complete = False
+        assert bool(trie.boundary[node]) == complete
 
 
 def test_fill_writes_the_same_row_into_every_kind_of_bitmask():
