@@ -88,6 +88,12 @@ def _bits_of(table: bytes) -> int:
     return _bits(_bytes_of(table))
 
 
+def _flat_ranges(starts: np.ndarray, counts: np.ndarray, total: int) -> np.ndarray:
+    """The indices of the ranges [starts[i], starts[i] + counts[i]), one after the other
+    (`total` is the sum of `counts`)."""
+    return np.repeat(starts - np.cumsum(counts) + counts, counts) + np.arange(total)
+
+
 def _accepted_bytes(program: Program) -> list[tuple[int, ...]]:
     """Per instruction, the bytes it consumes (empty for every other instruction)."""
     return [_bytes_of(table) if kind == BYTE else ()
@@ -455,9 +461,9 @@ class CompiledGrammar:
         free = False
         if config != DEAD:
             trie = self.trie
-            rest = trie.rest
             if self._loops_on_plain_text(config):
                 # Plain-text tokens all come back to `config`: only walk the other tokens.
+                rest = trie.rest
                 allowed[: len(trie.plain_allowed)] = trie.plain_allowed
                 allowed[rest.tokens_at(self._live_nodes(config, rest))] = True
             else:
@@ -480,9 +486,9 @@ class CompiledGrammar:
         below it that a walk of the trie of non-plain tokens from there finds."""
         nodes = np.concatenate([nodes for nodes, _ in cuts])
         states = np.concatenate([states for _, states in cuts])
-        first, end = trie.first_entry[nodes], trie.end_entry[nodes]
-        counts = end - first
-        entries = np.repeat(first - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
+        first = trie.first_entry[nodes]
+        counts = trie.end_entry[nodes] - first
+        entries = _flat_ranges(first, counts, int(counts.sum()))
         allowed[trie.entry_token[entries[trie.plain_entry[entries]]]] = True
         rest_nodes = trie.rest_node[nodes]
         keep = rest_nodes >= 0
@@ -632,7 +638,7 @@ class CompiledGrammar:
                 found.append(self._walk_depth_first(trie, live_nodes.tolist(), live_states.tolist()))
                 break
             # Children of all live nodes, as one flat index array.
-            children = np.repeat(starts - np.cumsum(counts) + counts, counts) + np.arange(total)
+            children = _flat_ranges(starts, counts, total)
             parent_states = np.repeat(live_states, counts)
             child_bytes = trie.byte[children]
             next_states = self._table[parent_states, child_bytes]

@@ -467,19 +467,23 @@ def test_masks_are_exact_where_a_walk_meets_a_plain_text_loop(name, monkeypatch)
     assert compiled.trie.boundary[cut_nodes].all()
 
 
+def node_bytes(trie) -> dict[int, bytes]:
+    """Each node's bytes, spelled out from the root."""
+    spelled = {0: b""}
+    starts, ends, bytes_of = trie.lists
+    for node in range(trie.node_count):
+        for child in range(starts[node], ends[node]):
+            spelled[child] = spelled[node] + bytes((bytes_of[child],))
+    return spelled
+
+
 def test_trie_ranges_and_twin_nodes_match_token_bytes():
     """The token trie's per-node ranges of tokens in byte order, its character-boundary flags
     and its map to the trie of non-plain tokens agree with the tokens' bytes."""
     vocab = smollm2()
     trie = token_trie(vocab)
-    rest = trie.rest
-    spelled: dict[int, bytes] = {0: b""}
-    for tree, names in ((trie, spelled), (rest, rest_spelled := {0: b""})):
-        starts, ends, bytes_of = tree.lists
-        for node in range(tree.node_count):
-            for child in range(starts[node], ends[node]):
-                names[child] = names[node] + bytes((bytes_of[child],))
-    rest_node = {data: node for node, data in rest_spelled.items()}
+    spelled = node_bytes(trie)
+    rest_node = {data: node for node, data in node_bytes(trie.rest).items()}
     rng = random.Random(0)
     plain = set(trie.plain_tokens.tolist())
     for node in [0, *rng.sample(range(1, trie.node_count), 400)]:
