@@ -44,8 +44,10 @@ DEFAULT_COMPILER_CACHE_BYTES = 1024 * 1024 * 1024
 _ROW_BYTES = 1024 + 64  # an array('i') of 256 transitions and its header
 _PAIR_BYTES = 72  # a (pc, stack) tuple of two small ints and its slot in a configuration
 _TOKEN_NEXT_BYTES = 100  # an accepted token's entry in its configuration's dict
+_SUCCESSORS_BYTES = 300  # a configuration's set of successors after plain text, and its slot
 _NARROW_FRONTIER = 48  # walk depth-first below a level with at most this many children
-_CUT_FRONTIER = 512  # a walk looks for plain-text loops on a level with at least this many children
+_CUT_FRONTIER = 512  # a walk looks for plain-text regions on a level with at least this many children
+_PLAIN_SEARCH = 64  # configurations a search for plain text that dies may visit
 _NARROW_ROOT = 8  # a configuration that may read at most this many bytes steps on each
 _ROW_THREADS = 8  # a configuration with more threads gets ...
 _ROW_AT = 8  # ... a whole row only when a walk level needs more bytes of it at once
@@ -75,6 +77,12 @@ def _byte_groups(tables: tuple[bytes, ...]) -> tuple[tuple[tuple[int, ...], tupl
         if indices:
             groups.setdefault(tuple(indices), []).append(byte)
     return tuple((indices, tuple(group)) for indices, group in groups.items())
+
+
+@functools.lru_cache(maxsize=4096)
+def _group_bits(tables: tuple[bytes, ...]) -> tuple[int, ...]:
+    """The bytes of each group of `_byte_groups(tables)`, as bits."""
+    return tuple(_bits(group) for _, group in _byte_groups(tables))
 
 
 def _bits(values: Iterable[int]) -> int:
@@ -158,9 +166,11 @@ class CompiledGrammar:
         self._base: list[int] = [DEAD]
         self._table = np.full((64, 256), UNKNOWN, dtype=np.int32)
         self._table[DEAD] = DEAD
-        # Per configuration, `_loops_on_plain_text` for vector walks: -1 not known yet.
-        self._looping = np.full(64, -1, dtype=np.int8)
-        self._looping[DEAD] = 0
+        # Per configuration, `_plain_text_stays_alive` for vector walks: -1 not known yet.
+        self._plain_safe = np.full(64, -1, dtype=np.int8)
+        self._plain_safe[DEAD] = 0
+        self._ascii_next: dict[int, set[int] | None] = {}  # see `_after_plain_ascii`
+        self._multibyte_next: dict[int, set[int] | None] = {}  # `_after_plain_multibyte`
         self._special_next: dict[tuple[int, int], int] = {}
         self._closures: dict[tuple, int] = {}
         self._run_splits: dict[int, tuple[int, int, bytes, int] | None] = {}
@@ -217,9 +227,9 @@ class CompiledGrammar:
             grown = np.full((len(self._table) * 2, 256), UNKNOWN, dtype=np.int32)
             grown[: len(self._table)] = self._table
             self._table = grown
-            looping = np.full(len(grown), -1, dtype=np.int8)
-            looping[: len(self._looping)] = self._looping
-            self._looping = looping
+            safe = np.full(len(grown), -1, dtype=np.int8)
+            safe[: len(self._plain_safe)] = self._plain_safe
+            self._plain_safe = safe
         return config
 
     def _holding(self, base: int, held: bytes) -> int:
@@ -461,8 +471,10 @@ class CompiledGrammar:
         free = False
         if config != DEAD:
             trie = self.trie
-            if self._loops_on_plain_text(config):
-                # Plain-text tokens all come back to `config`: only walk the other tokens.
+            if self._plain_text_stays_alive(config):
+                # Plain-text tokens are all allowed: only walk the other tokens, which start
+                # with most bytes (a whole row costs less than resolving them in the walk).
+                self._row(config)
                 rest = trie.rest
                 allowed[: len(trie.plain_allowed)] = trie.plain_allowed
                 allowed[rest.tokens_at(self._live_nodes(config, rest))] = True
@@ -481,8 +493,8 @@ class CompiledGrammar:
 
     def _allow_below_cuts(self, allowed: np.ndarray, trie: TokenTrie,
                           cuts: list[tuple[np.ndarray, np.ndarray]]) -> None:
-        """Allow the tokens below the nodes where a walk reached a configuration that loops on
-        plain text (see `_walk_levels`): every plain token below such a node, and the others
+        """Allow the tokens below the nodes where a walk reached a configuration where no plain
+        text dies (see `_walk_levels`): every plain token below such a node, and the others
         below it that a walk of the trie of non-plain tokens from there finds."""
         nodes = np.concatenate([nodes for nodes, _ in cuts])
         states = np.concatenate([states for _, states in cuts])
@@ -537,63 +549,139 @@ class CompiledGrammar:
         allowed[tokens] = True
         return packed | pack_bool_mask(allowed, self.vocab.size), free and len(tokens) == run.count
 
-    def _loops_on_plain_text(self, config: int) -> bool:
-        """Whether every plain-text character (see `token_trie.is_plain_text`) leads from
-        `config` back to `config` itself, as inside a JSON string or free text."""
-        known = self._looping[config]
+    def _plain_text_stays_alive(self, config: int) -> bool:
+        """Whether no plain text (see `token_trie.is_plain_text`) leads from `config` to DEAD,
+        so that every plain token is allowed from it.
+
+        Decided by a search of the configurations that plain characters reach: inside a JSON
+        string or free text that is `config` itself, in a pattern such as `^.+\\.(csv|tsv)$`
+        or a key that counts hex digits a few dozen. ASCII is searched first, as its
+        transitions are cheap and usually settle it (a string of bounded length dies at its
+        bound); UTF-8 sequences then, on thread sets. Every configuration of a search that
+        succeeds is safe too; a search that meets DEAD marks the path that led there; one
+        that grows past `_PLAIN_SEARCH` configurations gives up (the walk stays exact). Not
+        searched (False, not kept) where a plain ASCII byte leads on to another
+        configuration that loops on ASCII.
+        """
+        known = self._plain_safe[config]
         if known >= 0:
             return bool(known)
-        if self._plain_ascii_bits & ~self._live_bits[config] or (  # a plain byte is dead
-                self._plain_ascii and self._step(config, self._plain_ascii[0]) != config):
-            self._looping[config] = 0
+        after = self._after_plain_ascii(config)
+        if after is not None and after != {config} and any(
+                self._after_plain_ascii(nxt) == {nxt} for nxt in after if nxt != config):
+            # Text leads on to a configuration that loops on it (a key beside the properties'
+            # names, say): walks stop there, at less cost than a search of every name.
             return False
-        row = self._row(config)
-        result = not self._held[config] and all(row[b] == config for b in self._plain_ascii)
-        if result:
-            result = self._threads_loop_on_multibyte(config)
-        if result is None:  # decided on the lexed transitions, configuration by configuration
-            result = True
+        parent = {config: DEAD}  # the search tree, for the path to a dead end
+        order = [config]
+        ascii_done = multibyte_done = 0
+        while True:
+            if ascii_done < len(order):
+                current = order[ascii_done]
+                ascii_done += 1
+                reached = self._after_plain_ascii(current)
+            elif multibyte_done < len(order):
+                current = order[multibyte_done]
+                multibyte_done += 1
+                reached = self._after_plain_multibyte(current)
+            else:
+                break
+            if reached is None:  # a plain character dies: so does every text leading here
+                while current != DEAD:
+                    self._plain_safe[current] = 0
+                    current = parent[current]
+                return False
+            for nxt in reached:
+                if nxt in parent or self._plain_safe[nxt] == 1:
+                    continue
+                if self._plain_safe[nxt] == 0 or len(order) == _PLAIN_SEARCH:
+                    self._plain_safe[config] = 0
+                    return False
+                parent[nxt] = current
+                order.append(nxt)
+        self._plain_safe[order] = 1
+        return True
+
+    def _after_plain_ascii(self, config: int) -> set[int] | None:
+        """The configurations that one plain ASCII byte leads `config` to; None when one leads
+        to DEAD (or `config` holds bytes back for a spelled special). Memoized, as searches
+        that give up cross the same configurations again.
+
+        Computed per group of bytes that the same threads accept (one closure each, often a
+        single group), and kept as those bytes' transitions, without the rest of the row."""
+        if config in self._ascii_next:
+            return self._ascii_next[config]
+        result = None
+        if not (self._plain_ascii_bits & ~self._live_bits[config] or self._held[config]):
+            arg, accepted, tables = self.program.arg, self._accepted_bytes, self._accept_tables
+            movers = [(pc, stack) for pc, stack in self._threads[config] if accepted[pc]]
+            key = tuple([tables[pc] for pc, _ in movers])
+            row = self._thread_rows[config]
+            result = set()
+            for (indices, group), bits in zip(_byte_groups(key), _group_bits(key), strict=True):
+                if bits & self._plain_ascii_bits:
+                    nxt = self._intern_closure(tuple([(arg[movers[i][0]], movers[i][1])
+                                                      for i in indices]))
+                    result.add(nxt)
+                    for byte in group:
+                        row[byte] = nxt
+                    if not self._lexed:
+                        self._table[config, group] = nxt
+        self._ascii_next[config] = result
+        return result
+
+    def _after_plain_multibyte(self, config: int) -> set[int] | None:
+        """The configurations that one plain non-ASCII character leads `config` to; None when
+        one leads to DEAD. Memoized: it costs a few dozen closures."""
+        if config in self._multibyte_next:
+            return self._multibyte_next[config]
+        reached = self._threads_after_multibyte(config)
+        if reached is None:  # decided on the lexed transitions, configuration by configuration
+            reached = set()
             for sequence in PLAIN_MULTIBYTE:
                 states = {config}
                 for lo, hi in sequence:
                     states = {nxt for s in states for nxt in self._row(s)[lo : hi + 1]}
                     if DEAD in states:
                         break
-                if states != {config}:
-                    result = False
-                    break
-        self._looping[config] = result
+                reached |= states
+        result = None if DEAD in reached else reached
+        self._multibyte_next[config] = result
         return result
 
-    def _threads_loop_on_multibyte(self, config: int) -> bool | None:
-        """The multibyte part of `_loops_on_plain_text`, on thread sets: each byte range of a
-        plain UTF-8 sequence moves the threads that accept all of it, and no configuration is
-        made for the states inside a character (a string at a new call site would make a
-        dozen). None when that cannot decide: a thread accepts part of a range, or a byte may
-        start a spelled special."""
+    def _threads_after_multibyte(self, config: int) -> set[int] | None:
+        """`_after_plain_multibyte` on thread sets, with DEAD for a character that dies: each
+        byte range of a plain UTF-8 sequence moves the threads that accept all of it, and no
+        configuration is made for the states inside a character (a string at a new call site
+        would make a dozen). None when that cannot decide: a thread accepts part of a range,
+        or a byte may start a spelled special."""
         if self._multibyte_spelled:
             return None
-        threads, tables, arg = self._threads[config], self._accept_tables, self.program.arg
-        reached: dict[tuple, tuple[Threads, bool]] = {}
+        bits, arg = self._accept_bits, self.program.arg
+        # Only threads that read some byte past ASCII take part (most threads of a large
+        # object's keys read only letters).
+        threads = tuple([thread for thread in self._threads[config] if bits[thread[0]] >> 0x80])
+        moved: dict[tuple, tuple[Threads, bool]] = {}
+        reached: set[int] = set()
         for sequence in PLAIN_MULTIBYTE:
             current, matched = threads, False
             for depth, (lo, hi) in enumerate(sequence):
-                known = reached.get(sequence[: depth + 1])
+                known = moved.get(sequence[: depth + 1])
                 if known is None:
+                    span = ((1 << (hi - lo + 1)) - 1) << lo
                     seeds = []
                     for pc, stack in current:
-                        accepted = tables[pc][lo : hi + 1]
-                        if 0 not in accepted:
+                        accepted = bits[pc] & span
+                        if accepted == span:
                             seeds.append((arg[pc], stack))
-                        elif 1 in accepted:
+                        elif accepted:
                             return None
                     if not seeds:
-                        return False
-                    known = reached[sequence[: depth + 1]] = self.runtime.reach(tuple(seeds))
+                        return {DEAD}
+                    known = moved[sequence[: depth + 1]] = self.runtime.reach(tuple(seeds))
                 current, matched = known
-            if matched != self._accepting[config] or set(current) != set(threads):
-                return False
-        return True
+            reached.add(self._intern(current, matched))
+        return reached
 
     def _live_nodes(self, config: int, trie: TokenTrie,
                     cuts: list[tuple[np.ndarray, np.ndarray]] | None = None) -> np.ndarray:
@@ -608,8 +696,8 @@ class CompiledGrammar:
         Levels are expanded with numpy while the frontier is wide; once it is narrow, a plain
         depth-first walk is cheaper than a dozen array operations per level.
 
-        With `cuts` (a walk of the full trie), a node reached in a configuration that loops on
-        plain text, at a character boundary, is not expanded: it goes to `cuts` with its
+        With `cuts` (a walk of the full trie), a node reached in a configuration where no plain
+        text dies (`_plain_text_stays_alive`), at a character boundary, is not expanded: it goes to `cuts` with its
         configuration, since every plain token below it is allowed and the others are below
         the node of the same bytes in `trie.rest` (see `_allow_below_cuts`). In an object's
         key where keys other than its properties' are allowed, most of the trie is below such
@@ -622,12 +710,12 @@ class CompiledGrammar:
             counts = trie.child_end[live_nodes] - starts
             total = int(counts.sum())
             if cuts is not None and total >= _CUT_FRONTIER:
-                looping = self._looping[live_states]
-                if (looping < 0).any():
-                    for state in np.unique(live_states[looping < 0]).tolist():
-                        self._loops_on_plain_text(state)
-                    looping = self._looping[live_states]
-                cut = (looping == 1) & trie.boundary[live_nodes]
+                safe = self._plain_safe[live_states]
+                if (safe < 0).any():
+                    for state in np.unique(live_states[safe < 0]).tolist():
+                        self._plain_text_stays_alive(state)
+                    safe = self._plain_safe[live_states]
+                cut = (safe == 1) & trie.boundary[live_nodes]
                 if cut.any():
                     cuts.append((live_nodes[cut], live_states[cut]))
                     keep = ~cut
@@ -743,7 +831,8 @@ class CompiledGrammar:
         grammars."""
         rows = len(self._rows) * (2 if self._lexed else 1)
         return (self.cached_mask_bytes + self._table.nbytes + rows * _ROW_BYTES
-                + self._pair_count * _PAIR_BYTES + self._token_next_count * _TOKEN_NEXT_BYTES)
+                + self._pair_count * _PAIR_BYTES + self._token_next_count * _TOKEN_NEXT_BYTES
+                + (len(self._ascii_next) + len(self._multibyte_next)) * _SUCCESSORS_BYTES)
 
 
 class GrammarMatcher:

@@ -427,6 +427,15 @@ CUT_CASES = {
         }),
         '{"name": "Zoë", "size": 3, "sizes": ["a b", "東京"], "naming": []}',
     ),
+    "object keys that start with a letter": (
+        Grammar.from_json_schema({
+            "type": "object",
+            "properties": {"Name": {"type": "string"}},
+            "patternProperties": {"^[a-z]": {"type": "array", "items": {"type": "string"}}},
+            "additionalProperties": False,
+        }),
+        '{"Name": "Zoë", "sizes": ["a b", "東京"], "naming": []}',
+    ),
     "a letter, then text": (Grammar.from_peg(r'root = [a-z] [^"\\\x00-\x1f]* "\"" "!"'),
                             'hello wörld"!'),
     "keywords or text": (
@@ -442,9 +451,9 @@ CUT_CASES = {
 
 @pytest.mark.parametrize("name", sorted(CUT_CASES))
 def test_masks_are_exact_where_a_walk_meets_a_plain_text_loop(name, monkeypatch):
-    """A walk of the trie that reaches a configuration looping on plain text below the root
-    allows that node's plain tokens at once and walks only the others: the mask is still
-    exactly the set of tokens the automaton can read, at every byte of a valid text."""
+    """A walk of the trie that reaches, below the root, a configuration that no plain text
+    kills allows that node's plain tokens at once and walks only the others: the mask is
+    still exactly the set of tokens the automaton can read, at every byte of a valid text."""
     grammar, text = CUT_CASES[name]
     compiled = compile_grammar(grammar, smollm2())
     cut_nodes = []
@@ -465,6 +474,50 @@ def test_masks_are_exact_where_a_walk_meets_a_plain_text_loop(name, monkeypatch)
         assert_mask_is_exact(compiled, state)
     assert cut_nodes  # the shortcut was taken
     assert compiled.trie.boundary[cut_nodes].all()
+
+
+# Plain text never dies in these configurations, though it does not always lead back to the
+# same one: they get the shortcut after a search of the configurations it reaches.
+SAFE_CASES = {
+    "a file name pattern": ({"type": "string", "pattern": "^.+\\.(csv|tsv)$"}, '"data.v1.tsv.csv"'),
+    "keys counting hex digits": (
+        {"type": "object", "patternProperties": {"[0-9a-f]{6}": {"type": "integer"}},
+         "additionalProperties": {"type": "boolean"}},
+        '{"id-ab12cd": 1, "face": true, "x東京": false}',
+    ),
+}
+# Plain text dies in these: on one letter, at a length bound the search reaches, or at one
+# past its limit.
+UNSAFE_CASES = {
+    "a string without the letter a": ({"type": "string", "pattern": "^[^a]*$"}, '"hello, wörld"'),
+    "a short string": ({"type": "string", "maxLength": 12}, '"hello, wörld"'),
+    "a long string": ({"type": "string", "maxLength": 90}, '"hello, wörld"'),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SAFE_CASES) + sorted(UNSAFE_CASES))
+def test_plain_text_shortcut_is_exact_where_text_changes_the_configuration(name):
+    """A configuration gets the plain-text shortcut when no plain text leads it to DEAD, also
+    where plain characters move it between configurations (a pattern's states, a key's count
+    of hex digits); one where text dies walks. The masks are exact at every byte either way."""
+    schema, text = SAFE_CASES.get(name) or UNSAFE_CASES[name]
+    compiled = compile_grammar(Grammar.from_json_schema(schema), smollm2())
+    state, safe_moving = compiled.initial_state, []
+    data = text.encode()
+    for end in range(len(data) + 1):
+        if end:
+            state = compiled.next_state(state, data[end - 1])
+        compiled._masks.clear()
+        assert_mask_is_exact(compiled, state)
+        if compiled._plain_safe[state] == 1 and compiled.next_state(state, ord("e")) != state:
+            safe_moving.append(data[:end])
+    if name in SAFE_CASES:
+        assert safe_moving
+    else:
+        inside = [compiled.next_state(compiled.initial_state, ord('"'))]
+        for byte in b"hello":
+            inside.append(compiled.next_state(inside[-1], byte))
+        assert not safe_moving and (compiled._plain_safe[inside] == 0).all()
 
 
 def node_bytes(trie) -> dict[int, bytes]:
@@ -533,39 +586,43 @@ def test_plain_text_tokens_may_end_inside_a_character():
     assert not is_plain_text(b'a"') and not is_plain_text(b"a\n")
 
 
-def test_plain_text_loop_checked_on_threads_agrees_with_transitions():
-    """Whether a configuration loops on plain text is decided on thread sets (no configuration
-    per state inside a character); that verdict equals the one read off the transitions."""
+def test_plain_characters_followed_on_threads_agree_with_transitions():
+    """Where plain non-ASCII characters lead is found on thread sets (no configuration per
+    state inside a character); those configurations (DEAD included) are the ones read off
+    the transitions."""
     from pegmask.grammars.token_trie import PLAIN_MULTIBYTE
 
-    def loops_by_transitions(compiled, config):
+    def reached_by_transitions(compiled, config):
+        reached = set()
         for sequence in PLAIN_MULTIBYTE:
             states = {config}
             for lo, hi in sequence:
                 states = {nxt for s in states for nxt in compiled._row(s)[lo : hi + 1]}
-            if states != {config}:
-                return False
-        return True
+            reached |= states
+        return reached
 
     vocab = smollm2()
     free_text = compile_grammar(Grammar.from_peg(CHAT), vocab)
-    for compiled, texts in ((weather_compiled(), weather_texts()),
-                            (free_text, [b'Gr\xc3\xbc\xc3\x9fe <tool_call>\n{"a": "\xe6\x9d\xb1"}'])):
-        decided = 0
+    file_name = compile_grammar(Grammar.from_json_schema(SAFE_CASES["a file name pattern"][0]), vocab)
+    cases = ((weather_compiled(), weather_texts()),
+             (free_text, [b'Gr\xc3\xbc\xc3\x9fe <tool_call>\n{"a": "\xe6\x9d\xb1"}']),
+             (file_name, [b'"a.cs.tsv"']))
+    for compiled, texts in cases:
+        decided = moving = 0
         for text in texts:
             state = compiled.initial_state
             for byte in text:
                 state = compiled.next_state(state, byte)
                 if state == 0:
                     break
-                row = compiled._row(state)
-                if not all(row[b] == state for b in compiled._plain_ascii):
+                reached = compiled._threads_after_multibyte(state)
+                if reached is None:
                     continue
-                verdict = compiled._threads_loop_on_multibyte(state)
-                assert verdict is not None
-                assert verdict == loops_by_transitions(compiled, state)
+                expected = reached_by_transitions(compiled, state)
+                assert reached == expected if 0 not in expected else 0 in reached
                 decided += 1
-        assert decided
+                moving += reached != {state}
+        assert decided and moving
 
 
 def test_mask_cache_keeps_the_recently_used_masks_within_its_bound():
