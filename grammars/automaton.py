@@ -340,12 +340,8 @@ class CompiledGrammar:
         row = self._thread_rows[config]
         if self._complete[config] or (self._lexed and UNKNOWN not in row):
             return row
-        arg, accepted, tables = self.program.arg, self._accepted_bytes, self._accept_tables
-        movers = [(pc, stack) for pc, stack in self._threads[config] if accepted[pc]]
-        moved = [(arg[pc], stack) for pc, stack in movers]
         full = array("i", bytes(1024))
-        for indices, group in _byte_groups(tuple([tables[pc] for pc, _ in movers])):
-            nxt = self._intern_closure(tuple([moved[i] for i in indices]))
+        for group, nxt in self._group_steps(config, ALL_BYTES):
             for byte in group:
                 full[byte] = nxt
         row[:] = full
@@ -353,6 +349,18 @@ class CompiledGrammar:
             self._complete[config] = True
             self._table[config] = row
         return row
+
+    def _group_steps(self, config: int, wanted: int) -> list[tuple[tuple[int, ...], int]]:
+        """(bytes, next configuration) for each group of bytes that the same threads of
+        `config` accept (`_byte_groups`) and that has a byte among the bits `wanted`: one
+        closure per group, read as plain bytes."""
+        arg, accepted, tables = self.program.arg, self._accepted_bytes, self._accept_tables
+        movers = [(pc, stack) for pc, stack in self._threads[config] if accepted[pc]]
+        moved = [(arg[pc], stack) for pc, stack in movers]
+        key = tuple([tables[pc] for pc, _ in movers])
+        return [(group, self._intern_closure(tuple([moved[i] for i in indices])))
+                for (indices, group), bits in zip(_byte_groups(key), _group_bits(key), strict=True)
+                if bits & wanted]
 
     def _thread_byte(self, config: int, byte: int) -> int:
         """One byte transition of a configuration's threads, read as a plain byte."""
@@ -613,20 +621,14 @@ class CompiledGrammar:
             return self._ascii_next[config]
         result = None
         if not (self._plain_ascii_bits & ~self._live_bits[config] or self._held[config]):
-            arg, accepted, tables = self.program.arg, self._accepted_bytes, self._accept_tables
-            movers = [(pc, stack) for pc, stack in self._threads[config] if accepted[pc]]
-            key = tuple([tables[pc] for pc, _ in movers])
             row = self._thread_rows[config]
             result = set()
-            for (indices, group), bits in zip(_byte_groups(key), _group_bits(key), strict=True):
-                if bits & self._plain_ascii_bits:
-                    nxt = self._intern_closure(tuple([(arg[movers[i][0]], movers[i][1])
-                                                      for i in indices]))
-                    result.add(nxt)
-                    for byte in group:
-                        row[byte] = nxt
-                    if not self._lexed:
-                        self._table[config, group] = nxt
+            for group, nxt in self._group_steps(config, self._plain_ascii_bits):
+                result.add(nxt)
+                for byte in group:
+                    row[byte] = nxt
+                if not self._lexed:
+                    self._table[config, group] = nxt
         self._ascii_next[config] = result
         return result
 
@@ -697,9 +699,10 @@ class CompiledGrammar:
         depth-first walk is cheaper than a dozen array operations per level.
 
         With `cuts` (a walk of the full trie), a node reached in a configuration where no plain
-        text dies (`_plain_text_stays_alive`), at a character boundary, is not expanded: it goes to `cuts` with its
-        configuration, since every plain token below it is allowed and the others are below
-        the node of the same bytes in `trie.rest` (see `_allow_below_cuts`). In an object's
+        text dies (`_plain_text_stays_alive`), at a character boundary, is not expanded: it
+        goes to `cuts` with its configuration, since every plain token below it is allowed
+        and the others are below the node of the same bytes in `trie.rest` (see
+        `_allow_below_cuts`). In an object's
         key where keys other than its properties' are allowed, most of the trie is below such
         nodes.
         """
