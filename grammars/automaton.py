@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 from array import array
+from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -32,7 +33,7 @@ from pegmask.grammars.token_trie import (
     run_trie,
     token_trie,
 )
-from pegmask.kernels.bitmask import pack_bool_mask
+from pegmask.kernels.bitmask import pack_bool_mask, pack_token_ids
 
 if TYPE_CHECKING:
     from pegmask.grammars.vocab import Vocabulary
@@ -45,10 +46,12 @@ _ROW_BYTES = 1024 + 64  # an array('i') of 256 transitions and its header
 _PAIR_BYTES = 72  # a (pc, stack) tuple of two small ints and its slot in a configuration
 _TOKEN_NEXT_BYTES = 100  # an accepted token's entry in its configuration's dict
 _SUCCESSORS_BYTES = 300  # a configuration's set of successors after plain text, and its slot
-_NARROW_FRONTIER = 48  # walk depth-first below a level with at most this many children
+_NARROW_FRONTIER = 48  # walk depth-first below a level with at most this many children to read
 _CUT_FRONTIER = 512  # a walk looks for plain-text regions on a level with at least this many children
 _PLAIN_SEARCH = 64  # configurations a search for plain text that dies may visit
 _NARROW_ROOT = 8  # a configuration that may read at most this many bytes steps on each
+_FEW_CHILDREN = 4  # ... and looks its bytes up among a node's children (a binary search each)
+                   # where the node has more than this many children per byte
 _ROW_THREADS = 8  # a configuration with more threads gets ...
 _ROW_AT = 8  # ... a whole row only when a walk level needs more bytes of it at once
 
@@ -88,6 +91,16 @@ def _group_bits(tables: tuple[bytes, ...]) -> tuple[int, ...]:
 def _bits(values: Iterable[int]) -> int:
     """A set of bytes as the bits of an int (byte b is bit b)."""
     return sum(1 << byte for byte in values)
+
+
+def _bytes_in(bits: int) -> tuple[int, ...]:
+    """The bytes whose bits are set, in increasing order (one step per set bit)."""
+    found = []
+    while bits:
+        low = bits & -bits
+        bits ^= low
+        found.append(low.bit_length() - 1)
+    return tuple(found)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -184,6 +197,7 @@ class CompiledGrammar:
         self._accept_bits = [_bits_of(table) for table in self._accept_tables]
         self._lexer_bits = _bits(self.lexer.first_bytes)
         self._live_bits: list[int] = [0]
+        self._few_bytes: list[tuple[int, ...] | None] = [()]  # the live bits, if few
         self._pair_count = 0  # threads over all configurations, for `memory_bytes`
         # Per configuration, the tokens accepted from it so far and where they led: a
         # generation reads most of its tokens again from configurations it has been in.
@@ -222,6 +236,8 @@ class CompiledGrammar:
         for pc, _ in threads:
             bits |= accept_bits[pc]
         self._live_bits.append(ALL_BYTES if held else bits)
+        self._few_bytes.append(None if held or bits.bit_count() > _NARROW_ROOT
+                               else _bytes_in(bits))
         self._pair_count += len(threads)
         if config >= len(self._table):
             grown = np.full((len(self._table) * 2, 256), UNKNOWN, dtype=np.int32)
@@ -475,28 +491,34 @@ class CompiledGrammar:
     def _walked_mask(self, config: int) -> tuple[np.ndarray, bool]:
         """`mask` by a walk of the whole vocabulary trie (of its non-plain tokens inside text,
         and below the nodes where the walk enters text)."""
-        allowed = np.zeros(self.vocab.size, dtype=bool)
-        free = False
-        if config != DEAD:
-            trie = self.trie
-            if self._plain_text_stays_alive(config):
-                # Plain-text tokens are all allowed: only walk the other tokens, which start
-                # with most bytes (a whole row costs less than resolving them in the walk).
-                self._row(config)
-                rest = trie.rest
-                allowed[: len(trie.plain_allowed)] = trie.plain_allowed
-                allowed[rest.tokens_at(self._live_nodes(config, rest))] = True
-            else:
-                cuts: list[tuple[np.ndarray, np.ndarray]] = []
-                allowed[trie.tokens_at(self._live_nodes(config, trie, cuts))] = True
-                if cuts:
-                    self._allow_below_cuts(allowed, trie, cuts)
-            free = int(np.count_nonzero(allowed)) == trie.token_count
-            for token_id, symbol in self.special_symbol.items():
-                if token_id < self.vocab.size and self.next_state(config, symbol) != DEAD:
-                    allowed[token_id] = True
-            if self._accepting[config]:
-                allowed[self._mask_stop_ids] = True
+        if config == DEAD:
+            return np.zeros(self.words, dtype=np.int32), False
+        trie = self.trie
+        extra = [token_id for token_id, symbol in self.special_symbol.items()
+                 if token_id < self.vocab.size and self.next_state(config, symbol) != DEAD]
+        if self._accepting[config]:
+            extra += self._mask_stop_ids
+        if self._plain_text_stays_alive(config):
+            # Plain-text tokens are all allowed: only walk the other tokens, which start
+            # with most bytes (a whole row costs less than resolving them in the walk);
+            # where plain text loops back here, only what follows their plain prefix.
+            self._row(config)
+            others = trie.after_plain if self._loops_on_plain_text(config) else trie.rest
+            allowed = np.zeros(self.vocab.size, dtype=bool)
+            allowed[: len(trie.plain_allowed)] = trie.plain_allowed
+            allowed[others.tokens_at(self._live_nodes(config, others))] = True
+        else:
+            cuts: list[tuple[np.ndarray, np.ndarray]] = []
+            tokens = trie.tokens_at(self._live_nodes(config, trie, cuts))
+            if not cuts:  # a few tokens (a literal's, a number's): only their bits are set
+                free = len(tokens) == trie.token_count
+                return pack_token_ids(np.union1d(tokens, extra) if extra else tokens,
+                                      self.vocab.size), free
+            allowed = np.zeros(self.vocab.size, dtype=bool)
+            allowed[tokens] = True
+            self._allow_below_cuts(allowed, trie, cuts)
+        free = int(np.count_nonzero(allowed)) == trie.token_count
+        allowed[extra] = True
         return pack_bool_mask(allowed, self.vocab.size), free
 
     def _allow_below_cuts(self, allowed: np.ndarray, trie: TokenTrie,
@@ -609,6 +631,11 @@ class CompiledGrammar:
                 order.append(nxt)
         self._plain_safe[order] = 1
         return True
+
+    def _loops_on_plain_text(self, config: int) -> bool:
+        """Whether every plain character leads `config` back to itself (inside a string)."""
+        return (self._after_plain_ascii(config) == {config}
+                and self._after_plain_multibyte(config) == {config})
 
     def _after_plain_ascii(self, config: int) -> set[int] | None:
         """The configurations that one plain ASCII byte leads `config` to; None when one leads
@@ -725,7 +752,7 @@ class CompiledGrammar:
                     live_nodes, live_states = live_nodes[keep], live_states[keep]
                     starts, counts = starts[keep], counts[keep]
                     total = int(counts.sum())
-            if total <= _NARROW_FRONTIER:
+            if total <= _NARROW_FRONTIER or self._few_lookups(live_states, counts):
                 found.append(self._walk_depth_first(trie, live_nodes.tolist(), live_states.tolist()))
                 break
             # Children of all live nodes, as one flat index array.
@@ -742,17 +769,25 @@ class CompiledGrammar:
             live_states = next_states[keep]
         return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
 
+    def _few_lookups(self, states: np.ndarray, counts: np.ndarray) -> bool:
+        """Whether `_walk_depth_first` reads at most `_NARROW_FRONTIER` children on this
+        level (of few nodes, in configurations that read few bytes: inside literals)."""
+        if len(states) > _NARROW_FRONTIER // _FEW_CHILDREN:
+            return False
+        few_bytes, lookups = self._few_bytes, 0
+        for state, count in zip(states.tolist(), counts.tolist(), strict=True):
+            few = few_bytes[state]
+            lookups += count if few is None else min(count, len(few) * _FEW_CHILDREN)
+        return lookups <= _NARROW_FRONTIER
+
     def _live_children_of_root(self, config: int, trie: TokenTrie) -> tuple[np.ndarray, np.ndarray]:
         """The first level of `_live_nodes`: the root's children are one range of the trie
         and have one parent, so this level is slices and a row lookup (every walk has it);
         when only a few bytes may be live (inside a literal, say), it is those bytes' steps."""
-        bits = self._live_bits[config]
-        if bits.bit_count() <= _NARROW_ROOT:
+        few = self._few_bytes[config]
+        if few is not None:
             nodes, states, first, step = [], [], trie.first_child, self._step
-            while bits:
-                low = bits & -bits
-                bits ^= low
-                byte = low.bit_length() - 1
+            for byte in few:
                 node = first[byte]
                 if node >= 0:
                     nxt = step(config, byte)
@@ -796,15 +831,28 @@ class CompiledGrammar:
                     self._step(config, byte)
 
     def _walk_depth_first(self, trie: TokenTrie, nodes: list[int], states: list[int]) -> np.ndarray:
+        """`_walk_levels` one node at a time. A configuration that reads only a few bytes
+        looks them up among a node's many children instead of reading every child."""
         child_start, child_end, byte = trie.lists
         rows, step = self._rows, self._step if self._lexed else self._thread_byte
-        live_bits = self._live_bits
+        live_bits, few_bytes, complete = self._live_bits, self._few_bytes, self._complete
         live: list[int] = []
         stack = list(zip(nodes, states, strict=False))
         while stack:
             node, state = stack.pop()
-            row, bits = rows[state], live_bits[state]
-            for child in range(child_start[node], child_end[node]):
+            row, bits, few = rows[state], live_bits[state], few_bytes[state]
+            start, end = child_start[node], child_end[node]
+            if few is not None and len(few) * _FEW_CHILDREN < end - start:
+                children: list[int] | range = []
+                for symbol in few:
+                    child = bisect_left(byte, symbol, start, end)
+                    if child < end and byte[child] == symbol:
+                        children.append(child)
+            else:
+                children = range(start, end)
+                if few is None and end - start > _ROW_AT and not complete[state]:
+                    row = self._row(state)  # as in `_resolve`: many bytes of it at once
+            for child in children:
                 symbol = byte[child]
                 nxt = row[symbol]
                 if nxt == UNKNOWN:

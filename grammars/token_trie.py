@@ -44,6 +44,22 @@ def is_plain_text(data: bytes) -> bool:
     return all(ch >= " " and ch not in '"\\' for ch in text)
 
 
+def plain_prefix_length(data: bytes, not_plain: bytes = b"") -> int:
+    """Bytes in the longest prefix of `data` made of whole plain characters (none of whose
+    bytes is in `not_plain`)."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        text = data[: error.start].decode("utf-8")
+    length = 0
+    for ch in text:
+        encoded = ch.encode("utf-8")
+        if ch < " " or ch in '"\\' or any(b in not_plain for b in encoded):
+            break
+        length += len(encoded)
+    return length
+
+
 def _is_partial_character(data: bytes) -> bool:
     """Whether `data` is a proper prefix of the UTF-8 bytes of a plain non-ASCII character."""
     return any(len(seq) > len(data)
@@ -71,7 +87,11 @@ class TokenTrie:
     end_entry: np.ndarray  # int64 [nodes]: ... and the end of its range
     boundary: np.ndarray  # bool [nodes]: the node's bytes do not end inside a UTF-8 character
     plain_tokens: np.ndarray  # int64: ids of plain-text tokens (set only on a full trie) ...
-    rest: TokenTrie | None  # ... and the trie of all its other tokens
+    rest: TokenTrie | None  # ... and the trie of all its other tokens ...
+    # ... and the trie of what those tokens hold after their longest prefix of whole plain
+    # characters (tokens with the same such rest share its node): where every plain
+    # character leads back to the same configuration, a token is allowed if its rest is.
+    after_plain: TokenTrie | None = None
     plain_entry: np.ndarray | None = None  # bool [entries]: the entry is a plain token
     rest_node: np.ndarray | None = None  # int64 [nodes]: the node of `rest` with the same bytes, or -1
 
@@ -133,10 +153,14 @@ def token_trie(vocab: Vocabulary, not_plain: frozenset[int] = frozenset()) -> To
         excluded = bytes(sorted(not_plain))
         plain = [data is not None and is_plain_text(data) and not any(b in data for b in excluded)
                  for data in vocab.token_bytes]
-        rest = build_token_trie([None if p else d for d, p in zip(vocab.token_bytes, plain, strict=False)])
+        others = [None if p else d for d, p in zip(vocab.token_bytes, plain, strict=False)]
+        rest = build_token_trie(others)
+        after_plain = build_token_trie(
+            [d and d[plain_prefix_length(d, excluded):] for d in others])
         plain_tokens = np.flatnonzero(plain).astype(np.int64)
         full = token_trie(vocab) if not_plain else build_token_trie(vocab.token_bytes)
         trie = dataclasses.replace(full, plain_tokens=plain_tokens, rest=rest,
+                                   after_plain=after_plain,
                                    plain_entry=np.asarray(plain, dtype=bool)[full.entry_token],
                                    rest_node=_same_nodes(full, rest))
         tries[not_plain] = trie

@@ -58,6 +58,20 @@ def pack_bool_mask(allowed: np.ndarray, vocab_size: int | None = None) -> np.nda
     return np.ascontiguousarray(packed).view("<i4").astype(np.int32, copy=False)
 
 
+def pack_token_ids(token_ids: np.ndarray, vocab_size: int) -> np.ndarray:
+    """The int32 bitmask words of a `vocab_size`-wide vocabulary with exactly the distinct ids
+    `token_ids` allowed: `pack_bool_mask` without a whole boolean vector (cheaper for a few
+    ids)."""
+    ids = np.asarray(token_ids, dtype=np.int64)
+    count = bitmask_words(vocab_size)
+    # The distinct bits of one word add up exactly in float64 (the weights bincount takes);
+    # a negative id is bincount's error, one past the vocabulary shows in the last words.
+    words = np.bincount(ids >> 5, weights=np.ldexp(1.0, ids & 31), minlength=count)
+    if len(words) > count or words[-1] >= 2.0 ** (vocab_size - 32 * (count - 1)):
+        raise ValueError(f"token ids must be in [0, {vocab_size})")
+    return words.astype(np.uint32).view(np.int32)
+
+
 def unpack_bitmask(bitmask: np.ndarray, vocab_size: int) -> np.ndarray:
     """The boolean allowed-vector of each row of `bitmask` (int32 words), `vocab_size` wide."""
     words = np.ascontiguousarray(np.asarray(bitmask, dtype=np.int32).astype("<i4", copy=False))

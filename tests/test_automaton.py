@@ -476,6 +476,40 @@ def test_masks_are_exact_where_a_walk_meets_a_plain_text_loop(name, monkeypatch)
     assert compiled.trie.boundary[cut_nodes].all()
 
 
+LOOP_CASES = {
+    "strings with escapes": (Grammar.from_json_schema({"type": "array", "items": {"type": "string"}}),
+                             '["a\\"b\\\\n\\u00e9 東京 x", "\\t"]'),
+    "text before a spelled special": CUT_CASES["text before a spelled special"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(LOOP_CASES))
+def test_masks_are_exact_where_plain_text_loops_back(name, monkeypatch):
+    """Where every plain character leads a configuration back to itself (inside a string), its
+    mask walks only what the other tokens hold after their plain prefix: still exactly the
+    set of tokens the automaton can read, at every byte of a valid text."""
+    grammar, text = LOOP_CASES[name]
+    compiled = compile_grammar(grammar, smollm2())
+    looping = []
+    loops_on_plain_text = CompiledGrammar._loops_on_plain_text
+
+    def spy(self, config):
+        loops = loops_on_plain_text(self, config)
+        looping.extend([config] if loops else [])
+        return loops
+
+    monkeypatch.setattr(CompiledGrammar, "_loops_on_plain_text", spy)
+    state = compiled.initial_state
+    data = text.encode()
+    for end in range(len(data) + 1):
+        if end:
+            state = compiled.next_state(state, data[end - 1])
+        assert state != 0, data[:end]
+        compiled._masks.clear()
+        assert_mask_is_exact(compiled, state)
+    assert looping  # the shortcut was taken
+
+
 # Plain text never dies in these configurations, though it does not always lead back to the
 # same one: they get the shortcut after a search of the configurations it reaches.
 SAFE_CASES = {
@@ -553,6 +587,31 @@ def test_trie_ranges_and_twin_nodes_match_token_bytes():
         except UnicodeDecodeError:
             complete = False
         assert bool(trie.boundary[node]) == complete
+
+
+def test_tokens_after_their_plain_prefix_are_spelled_by_their_node():
+    """`TokenTrie.after_plain` holds each non-plain token's bytes after its longest prefix of
+    whole plain characters (never empty), with bytes that may start a spelled special not
+    plain."""
+    vocab = smollm2()
+    for not_plain in (frozenset(), frozenset(b"<")):
+        trie = token_trie(vocab, not_plain)
+        spelled = node_bytes(trie.after_plain)
+        plain = set(trie.plain_tokens.tolist())
+        rest = [t for t, data in enumerate(vocab.token_bytes) if data and t not in plain]
+        assert rest and trie.after_plain.token_count == len(rest)
+        for token_id in rest:
+            data = vocab.token_bytes[token_id]
+            prefix = max(k for k in range(len(data) + 1) if is_whole_plain_text(data[:k], not_plain))
+            assert data[prefix:] and spelled[trie.after_plain.token_node[token_id]] == data[prefix:]
+
+
+def is_whole_plain_text(data: bytes, not_plain: frozenset[int]) -> bool:
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return all(ch >= " " and ch not in '"\\' for ch in text) and not any(b in not_plain for b in data)
 
 
 def test_fill_writes_the_same_row_into_every_kind_of_bitmask():

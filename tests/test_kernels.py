@@ -24,7 +24,11 @@ from pegmask.kernels import (
     sample_masked,
     unpack_bitmask,
 )
-from pegmask.kernels.bitmask import apply_token_bitmask_torch, effective_vocab_size
+from pegmask.kernels.bitmask import (
+    apply_token_bitmask_torch,
+    effective_vocab_size,
+    pack_token_ids,
+)
 
 VOCAB_SIZES = [1, 31, 32, 33, 100, 4097, 49152, 151936]
 
@@ -157,6 +161,23 @@ def test_pack_unpack_round_trip(vocab_size: int) -> None:
     assert np.array_equal(unpack_bitmask(packed, vocab_size), allowed)
     # Bits past the vocabulary are clear: no phantom token is ever allowed.
     assert not unpack_bitmask(packed, packed.shape[-1] * 32)[:, vocab_size:].any()
+
+
+@pytest.mark.parametrize("vocab_size", VOCAB_SIZES)
+def test_packing_token_ids_sets_the_bits_of_the_same_vector(vocab_size: int) -> None:
+    """`pack_token_ids` (the bits of a few ids) equals `pack_bool_mask` of their vector, the
+    sign bit of a word and the last id included; an id outside the vocabulary is an error."""
+    rng = np.random.default_rng(vocab_size)
+    for count in (0, 1, min(40, vocab_size), vocab_size // 3):
+        ids = rng.choice(vocab_size, size=count, replace=False)
+        ids = np.union1d(ids, [min(31, vocab_size - 1), vocab_size - 1]) if count else ids
+        allowed = np.zeros(vocab_size, dtype=bool)
+        allowed[ids] = True
+        packed = pack_token_ids(ids, vocab_size)
+        assert packed.dtype == np.int32 and np.array_equal(packed, pack_bool_mask(allowed))
+    for bad in (-1, vocab_size, vocab_size + 40):
+        with pytest.raises(ValueError):
+            pack_token_ids(np.array([bad]), vocab_size)
 
 
 def test_pack_layout_is_lsb_first() -> None:
