@@ -93,8 +93,10 @@ def _bits(values: Iterable[int]) -> int:
     return sum(1 << byte for byte in values)
 
 
+@functools.lru_cache(maxsize=4096)
 def _bytes_in(bits: int) -> tuple[int, ...]:
-    """The bytes whose bits are set, in increasing order (one step per set bit)."""
+    """The bytes whose bits are set, in increasing order (memoized: literals of a grammar
+    read the same few bytes)."""
     found = []
     while bits:
         low = bits & -bits
@@ -690,12 +692,14 @@ class CompiledGrammar:
         # Only threads that read some byte past ASCII take part (most threads of a large
         # object's keys read only letters).
         threads = tuple([thread for thread in self._threads[config] if bits[thread[0]] >> 0x80])
+        # By thread set and range: sequences whose lead bytes lead to the same instruction
+        # (the compiler shares continuations) share the steps after it.
         moved: dict[tuple, tuple[Threads, bool]] = {}
-        reached: set[int] = set()
+        ends: set[tuple[Threads, bool]] = set()
         for sequence in PLAIN_MULTIBYTE:
             current, matched = threads, False
-            for depth, (lo, hi) in enumerate(sequence):
-                known = moved.get(sequence[: depth + 1])
+            for lo, hi in sequence:
+                known = moved.get((current, lo, hi))
                 if known is None:
                     span = ((1 << (hi - lo + 1)) - 1) << lo
                     seeds = []
@@ -707,10 +711,10 @@ class CompiledGrammar:
                             return None
                     if not seeds:
                         return {DEAD}
-                    known = moved[sequence[: depth + 1]] = self.runtime.reach(tuple(seeds))
+                    known = moved[current, lo, hi] = self.runtime.reach(tuple(seeds))
                 current, matched = known
-            reached.add(self._intern(current, matched))
-        return reached
+            ends.add((current, matched))
+        return {self._intern(current, matched) for current, matched in ends}
 
     def _live_nodes(self, config: int, trie: TokenTrie,
                     cuts: list[tuple[np.ndarray, np.ndarray]] | None = None) -> np.ndarray:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 MAX_UNICODE = 0x10FFFF
@@ -180,11 +180,11 @@ class GrammarIR:
 
     rules: Mapping[str, Node]
     start: str = "root"
-    specials: tuple[str, ...] = field(default=())
+    specials: tuple[str, ...] | None = None  # None: collected from the rules
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rules", dict(self.rules))
-        if not self.specials:
+        if self.specials is None:
             object.__setattr__(self, "specials", tuple(sorted(collect_specials(self.rules))))
 
 

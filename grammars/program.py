@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from pegmask.grammars.errors import GrammarError
@@ -124,7 +124,7 @@ def expand_json_schemas(ir: GrammarIR) -> GrammarIR:
     if clash:
         raise GrammarError(f"rule names clash with generated JSON Schema rules: {sorted(clash)}")
     rules.update(extra)
-    return GrammarIR(rules, ir.start)
+    return GrammarIR(rules, ir.start, ir.specials)  # the front-end's rules read no special
 
 
 def _contains_schema(node: Node) -> bool:
@@ -137,11 +137,16 @@ def _contains_schema(node: Node) -> bool:
     return False
 
 
-def check_rules(ir: GrammarIR) -> None:
-    """Reject undefined rules and left recursion (which a top-down program cannot run)."""
+def check_rules(ir: GrammarIR, generated: Iterable[str] = ()) -> None:
+    """Reject undefined rules and left recursion (which a top-down program cannot run).
+    Rules named in `generated` (the JSON Schema front-end's, complete by construction) are
+    not searched for undefined references."""
     if ir.start not in ir.rules:
         raise GrammarError(f"start rule {ir.start!r} is not defined")
+    skipped = frozenset(generated)
     for name, body in ir.rules.items():
+        if name in skipped:
+            continue
         stack = [body]
         while stack:
             node = stack.pop()
@@ -577,6 +582,6 @@ def _to_ranges(values: list[int]) -> list[tuple[int, int]]:
 
 def compile_program(ir: GrammarIR, *, max_instructions: int = DEFAULT_MAX_INSTRUCTIONS) -> Program:
     """Expand JSON Schemas, check the rules and emit the instruction program."""
-    ir = expand_json_schemas(ir)
-    check_rules(ir)
-    return _Compiler(ir, max_instructions).compile()
+    expanded = expand_json_schemas(ir)
+    check_rules(expanded, expanded.rules.keys() - ir.rules.keys())
+    return _Compiler(expanded, max_instructions).compile()
