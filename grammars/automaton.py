@@ -49,6 +49,7 @@ _SUCCESSORS_BYTES = 300  # a configuration's set of successors after plain text,
 _NARROW_FRONTIER = 48  # walk depth-first below a level with at most this many children to read
 _CUT_FRONTIER = 512  # a walk looks for plain-text regions on a level with at least this many children
 _PLAIN_SEARCH = 64  # configurations a search for plain text that dies may visit
+_LOOP_AHEAD_SEARCH = 8  # ... and one from where text leads on to a loop (see its docstring)
 _NARROW_ROOT = 8  # a configuration that may read at most this many bytes steps on each
 _FEW_CHILDREN = 4  # ... and looks its bytes up among a node's children (a binary search each)
                    # where the node has more than this many children per byte
@@ -185,6 +186,7 @@ class CompiledGrammar:
         self._plain_safe = np.full(64, -1, dtype=np.int8)
         self._plain_safe[DEAD] = 0
         self._ascii_next: dict[int, set[int] | None] = {}  # see `_after_plain_ascii`
+        self._undecided: set[int] = set()  # short searches that gave up
         self._multibyte_next: dict[int, set[int] | None] = {}  # `_after_plain_multibyte`
         self._special_next: dict[tuple[int, int], int] = {}
         self._closures: dict[tuple, int] = {}
@@ -591,19 +593,24 @@ class CompiledGrammar:
         transitions are cheap and usually settle it (a string of bounded length dies at its
         bound); UTF-8 sequences then, on thread sets. Every configuration of a search that
         succeeds is safe too; a search that meets DEAD marks the path that led there; one
-        that grows past `_PLAIN_SEARCH` configurations gives up (the walk stays exact). Not
-        searched (False, not kept) where a plain ASCII byte leads on to another
-        configuration that loops on ASCII.
+        that grows past `_PLAIN_SEARCH` configurations gives up (the walk stays exact). Where
+        a plain ASCII byte leads on to another configuration that loops on ASCII, the search
+        gives up past `_LOOP_AHEAD_SEARCH` (False, not kept: other searches may cross it).
         """
         known = self._plain_safe[config]
         if known >= 0:
             return bool(known)
         after = self._after_plain_ascii(config)
+        limit = _PLAIN_SEARCH
         if after is not None and after != {config} and any(
                 self._after_plain_ascii(nxt) == {nxt} for nxt in after if nxt != config):
-            # Text leads on to a configuration that loops on it (a key beside the properties'
-            # names, say): walks stop there, at less cost than a search of every name.
-            return False
+            # Text leads on to a configuration that loops on it: a key beside a pattern's keys
+            # (a few configurations) is decided by a short search; one beside the properties'
+            # names is not, and walks stop at the loop, at less cost than a search of every
+            # name.
+            if config in self._undecided:
+                return False
+            limit = _LOOP_AHEAD_SEARCH
         parent = {config: DEAD}  # the search tree, for the path to a dead end
         order = [config]
         ascii_done = multibyte_done = 0
@@ -626,8 +633,11 @@ class CompiledGrammar:
             for nxt in reached:
                 if nxt in parent or self._plain_safe[nxt] == 1:
                     continue
-                if self._plain_safe[nxt] == 0 or len(order) == _PLAIN_SEARCH:
-                    self._plain_safe[config] = 0
+                if self._plain_safe[nxt] == 0 or len(order) == limit:
+                    if limit == _PLAIN_SEARCH:
+                        self._plain_safe[config] = 0
+                    else:  # not known either way: other searches may cross it
+                        self._undecided.add(config)
                     return False
                 parent[nxt] = current
                 order.append(nxt)

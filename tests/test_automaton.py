@@ -519,6 +519,11 @@ SAFE_CASES = {
          "additionalProperties": {"type": "boolean"}},
         '{"id-ab12cd": 1, "face": true, "x東京": false}',
     ),
+    "keys beside a pattern's keys": (  # a short search: text leads on to the any-key loop
+        {"type": "object", "patternProperties": {"^[_a-zA-Z][a-zA-Z0-9_-]*$": {"type": "integer"}},
+         "additionalProperties": True},
+        '{"id_1": 2, "a b": "x", "é": [1]}',
+    ),
 }
 # Plain text dies in these: on one letter, at a length bound the search reaches, or at one
 # past its limit.
