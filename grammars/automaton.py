@@ -49,6 +49,9 @@ _SUCCESSORS_BYTES = 300  # a configuration's set of successors after plain text,
 _NARROW_FRONTIER = 48  # walk depth-first below a level with at most this many children to read
 _CUT_FRONTIER = 512  # a walk looks for plain-text regions on a level with at least this many children
 _PLAIN_SEARCH = 64  # configurations a search for plain text that dies may visit
+_PLAIN_DEPTH = 32  # characters it looks ahead for one that dies, at most
+_PLAIN_DEPTH_USEFUL = 8  # fewer let walks cut nowhere: not worth searching UTF-8 sequences
+_PLAIN_ALWAYS = 32767  # its answer where none dies
 _LOOP_AHEAD_SEARCH = 8  # ... and one from where text leads on to a loop (see its docstring)
 _NARROW_ROOT = 8  # a configuration that may read at most this many bytes steps on each
 _FEW_CHILDREN = 4  # ... and looks its bytes up among a node's children (a binary search each)
@@ -182,9 +185,9 @@ class CompiledGrammar:
         self._base: list[int] = [DEAD]
         self._table = np.full((64, 256), UNKNOWN, dtype=np.int32)
         self._table[DEAD] = DEAD
-        # Per configuration, `_plain_text_stays_alive` for vector walks: -1 not known yet.
-        self._plain_safe = np.full(64, -1, dtype=np.int8)
-        self._plain_safe[DEAD] = 0
+        # Per configuration, `_plain_depth` for vector walks: -1 not known yet.
+        self._plain_depths = np.full(64, -1, dtype=np.int16)
+        self._plain_depths[DEAD] = 0
         self._ascii_next: dict[int, set[int] | None] = {}  # see `_after_plain_ascii`
         self._undecided: set[int] = set()  # short searches that gave up
         self._multibyte_next: dict[int, set[int] | None] = {}  # `_after_plain_multibyte`
@@ -247,9 +250,9 @@ class CompiledGrammar:
             grown = np.full((len(self._table) * 2, 256), UNKNOWN, dtype=np.int32)
             grown[: len(self._table)] = self._table
             self._table = grown
-            safe = np.full(len(grown), -1, dtype=np.int8)
-            safe[: len(self._plain_safe)] = self._plain_safe
-            self._plain_safe = safe
+            depths = np.full(len(grown), -1, dtype=np.int16)
+            depths[: len(self._plain_depths)] = self._plain_depths
+            self._plain_depths = depths
         return config
 
     def _holding(self, base: int, held: bytes) -> int:
@@ -527,9 +530,9 @@ class CompiledGrammar:
 
     def _allow_below_cuts(self, allowed: np.ndarray, trie: TokenTrie,
                           cuts: list[tuple[np.ndarray, np.ndarray]]) -> None:
-        """Allow the tokens below the nodes where a walk reached a configuration where no plain
-        text dies (see `_walk_levels`): every plain token below such a node, and the others
-        below it that a walk of the trie of non-plain tokens from there finds."""
+        """Allow the tokens below the nodes where a walk reached a configuration that can read
+        all their plain tokens (see `_walk_levels`): every plain token below such a node, and
+        the others below it that a walk of the trie of non-plain tokens from there finds."""
         nodes = np.concatenate([nodes for nodes, _ in cuts])
         states = np.concatenate([states for _, states in cuts])
         first = trie.first_entry[nodes]
@@ -585,21 +588,28 @@ class CompiledGrammar:
 
     def _plain_text_stays_alive(self, config: int) -> bool:
         """Whether no plain text (see `token_trie.is_plain_text`) leads from `config` to DEAD,
-        so that every plain token is allowed from it.
+        so that every plain token is allowed from it."""
+        return self._plain_depth(config) == _PLAIN_ALWAYS
 
-        Decided by a search of the configurations that plain characters reach: inside a JSON
-        string or free text that is `config` itself, in a pattern such as `^.+\\.(csv|tsv)$`
-        or a key that counts hex digits a few dozen. ASCII is searched first, as its
-        transitions are cheap and usually settle it (a string of bounded length dies at its
-        bound); UTF-8 sequences then, on thread sets. Every configuration of a search that
-        succeeds is safe too; a search that meets DEAD marks the path that led there; one
-        that grows past `_PLAIN_SEARCH` configurations gives up (the walk stays exact). Where
-        a plain ASCII byte leads on to another configuration that loops on ASCII, the search
-        gives up past `_LOOP_AHEAD_SEARCH` (False, not kept: other searches may cross it).
+    def _plain_depth(self, config: int) -> int:
+        """How many plain characters any plain text can read from `config` without dying (a
+        lower bound, at most `_PLAIN_DEPTH`), `_PLAIN_ALWAYS` where no plain text dies: a walk
+        allows every plain token below a node whose longest token after it is not longer
+        (`TokenTrie.height`).
+
+        Found by a breadth-first search of the configurations that plain characters reach:
+        inside a JSON string or free text that is `config` itself; in a pattern such as
+        `^.+\\.(csv|tsv)$` or a key that counts hex digits a few dozen; in a string of bounded
+        length one per character up to its bound. ASCII steps are per group of bytes the
+        same threads accept, UTF-8 sequences on thread sets. Every configuration of a search
+        where nothing dies is `_PLAIN_ALWAYS` too; a search stops at the first character
+        that may die, and one past `_PLAIN_SEARCH` configurations at that depth. Where a
+        plain ASCII byte leads on to another configuration that loops on ASCII, a search
+        past `_LOOP_AHEAD_SEARCH` gives up (0, not kept: other searches may cross it).
         """
-        known = self._plain_safe[config]
+        known = int(self._plain_depths[config])
         if known >= 0:
-            return bool(known)
+            return known
         after = self._after_plain_ascii(config)
         limit = _PLAIN_SEARCH
         if after is not None and after != {config} and any(
@@ -609,40 +619,68 @@ class CompiledGrammar:
             # names is not, and walks stop at the loop, at less cost than a search of every
             # name.
             if config in self._undecided:
-                return False
+                return 0
             limit = _LOOP_AHEAD_SEARCH
-        parent = {config: DEAD}  # the search tree, for the path to a dead end
-        order = [config]
-        ascii_done = multibyte_done = 0
-        while True:
-            if ascii_done < len(order):
-                current = order[ascii_done]
-                ascii_done += 1
-                reached = self._after_plain_ascii(current)
-            elif multibyte_done < len(order):
-                current = order[multibyte_done]
-                multibyte_done += 1
-                reached = self._after_plain_multibyte(current)
-            else:
+        dies, complete = self._ascii_look_ahead(config, _PLAIN_DEPTH_USEFUL, limit)
+        if dies:
+            self._plain_depths[config] = 0  # a lower bound: walks cut nowhere near it anyway
+            return 0
+        if not complete and limit == _LOOP_AHEAD_SEARCH:
+            self._undecided.add(config)
+            return 0
+        level = {config: 0}
+        order = [config]  # grows while it is read: levels never decrease
+        depth = _PLAIN_ALWAYS
+        for current in order:
+            here = level[current]
+            if here >= min(depth, _PLAIN_DEPTH):
+                depth = min(depth, here)
                 break
-            if reached is None:  # a plain character dies: so does every text leading here
-                while current != DEAD:
-                    self._plain_safe[current] = 0
-                    current = parent[current]
-                return False
-            for nxt in reached:
-                if nxt in parent or self._plain_safe[nxt] == 1:
+            ascii_next = self._after_plain_ascii(current)
+            multibyte_next = None if ascii_next is None else self._after_plain_multibyte(current)
+            if ascii_next is None or multibyte_next is None:  # a character dies after `here`
+                depth = here
+                break
+            for nxt in ascii_next | multibyte_next:
+                known = int(self._plain_depths[nxt])  # (grown as configurations are made)
+                if nxt in level or known == _PLAIN_ALWAYS:
                     continue
-                if self._plain_safe[nxt] == 0 or len(order) == limit:
-                    if limit == _PLAIN_SEARCH:
-                        self._plain_safe[config] = 0
-                    else:  # not known either way: other searches may cross it
-                        self._undecided.add(config)
-                    return False
-                parent[nxt] = current
-                order.append(nxt)
-        self._plain_safe[order] = 1
-        return True
+                if known >= 0:
+                    depth = min(depth, here + 1 + known)
+                elif len(order) < limit:
+                    level[nxt] = here + 1
+                    order.append(nxt)
+                elif limit == _PLAIN_SEARCH:
+                    depth = min(depth, here + 1)
+                else:
+                    self._undecided.add(config)
+                    return 0
+        if depth == _PLAIN_ALWAYS:
+            self._plain_depths[order] = _PLAIN_ALWAYS
+        else:
+            self._plain_depths[config] = depth
+        return depth
+
+    def _ascii_look_ahead(self, config: int, characters: int, limit: int) -> tuple[bool, bool]:
+        """(whether some plain ASCII text of fewer than `characters` bytes leads `config` to
+        DEAD, whether the configurations such texts reach are at most `limit`): where text
+        dies soon (a pattern's states) or branches widely (keys beside the properties'
+        names), `_plain_depth` needs no search of UTF-8 sequences."""
+        level = {config: 0}
+        order = [config]
+        for current in order:
+            if level[current] == characters:
+                break
+            reached = self._after_plain_ascii(current)
+            if reached is None:
+                return True, True
+            for nxt in reached:
+                if nxt not in level and self._plain_depths[nxt] != _PLAIN_ALWAYS:
+                    if len(order) == limit:
+                        return False, False
+                    level[nxt] = level[current] + 1
+                    order.append(nxt)
+        return False, True
 
     def _loops_on_plain_text(self, config: int) -> bool:
         """Whether every plain character leads `config` back to itself (inside a string)."""
@@ -739,13 +777,13 @@ class CompiledGrammar:
         Levels are expanded with numpy while the frontier is wide; once it is narrow, a plain
         depth-first walk is cheaper than a dozen array operations per level.
 
-        With `cuts` (a walk of the full trie), a node reached in a configuration where no plain
-        text dies (`_plain_text_stays_alive`), at a character boundary, is not expanded: it
-        goes to `cuts` with its configuration, since every plain token below it is allowed
-        and the others are below the node of the same bytes in `trie.rest` (see
-        `_allow_below_cuts`). In an object's
-        key where keys other than its properties' are allowed, most of the trie is below such
-        nodes.
+        With `cuts` (a walk of the full trie), a node reached at a character boundary in a
+        configuration that can read as many plain characters as the node's longest token
+        holds after it (`_plain_depth`, `TokenTrie.height`) is not expanded: it goes to
+        `cuts` with its configuration, since every plain token below it is allowed and the
+        others are below the node of the same bytes in `trie.rest` (see
+        `_allow_below_cuts`). In an object's key where keys other than its properties' are
+        allowed, or in a string of bounded length, most of the trie is below such nodes.
         """
         found: list[np.ndarray] = []
         while len(live_nodes):
@@ -754,12 +792,12 @@ class CompiledGrammar:
             counts = trie.child_end[live_nodes] - starts
             total = int(counts.sum())
             if cuts is not None and total >= _CUT_FRONTIER:
-                safe = self._plain_safe[live_states]
-                if (safe < 0).any():
-                    for state in np.unique(live_states[safe < 0]).tolist():
-                        self._plain_text_stays_alive(state)
-                    safe = self._plain_safe[live_states]
-                cut = (safe == 1) & trie.boundary[live_nodes]
+                depths = self._plain_depths[live_states]
+                if (depths < 0).any():
+                    for state in np.unique(live_states[depths < 0]).tolist():
+                        self._plain_depth(state)
+                    depths = self._plain_depths[live_states]
+                cut = (depths > 0) & (depths >= trie.height[live_nodes]) & trie.boundary[live_nodes]
                 if cut.any():
                     cuts.append((live_nodes[cut], live_states[cut]))
                     keep = ~cut

@@ -86,6 +86,7 @@ class TokenTrie:
     first_entry: np.ndarray  # int64 [nodes]: the first entry below (or at) the node ...
     end_entry: np.ndarray  # int64 [nodes]: ... and the end of its range
     boundary: np.ndarray  # bool [nodes]: the node's bytes do not end inside a UTF-8 character
+    height: np.ndarray  # int64 [nodes]: bytes of the longest token at or below the node after it
     plain_tokens: np.ndarray  # int64: ids of plain-text tokens (set only on a full trie) ...
     rest: TokenTrie | None  # ... and the trie of all its other tokens ...
     # ... and the trie of what those tokens hold after their longest prefix of whole plain
@@ -306,9 +307,13 @@ def build_token_trie(token_bytes: list[bytes | None]) -> TokenTrie:
         else:
             duplicates.append((node, token_id))
     duplicate = np.asarray(duplicates, dtype=np.int64).reshape(-1, 2)
+    height = np.zeros(total, dtype=np.int64)  # every leaf ends a token
+    for d in range(max_len, 0, -1):
+        parents = np.asarray(level_parent[d], dtype=np.int64) + offsets[d - 1]
+        np.maximum.at(height, parents, height[offsets[d] : offsets[d + 1]] + 1)
     return TokenTrie(
         byte, child_start, child_end, token_node, node_token, duplicate[:, 0], duplicate[:, 1],
         max_len, len(token_level_index),
         np.asarray([token_id for _, token_id in entries], dtype=np.int64), first_entry, end_entry,
-        pending == 0, np.zeros(0, dtype=np.int64), None,
+        pending == 0, height, np.zeros(0, dtype=np.int64), None,
     )

@@ -548,7 +548,7 @@ def test_plain_text_shortcut_is_exact_where_text_changes_the_configuration(name)
             state = compiled.next_state(state, data[end - 1])
         compiled._masks.clear()
         assert_mask_is_exact(compiled, state)
-        if compiled._plain_safe[state] == 1 and compiled.next_state(state, ord("e")) != state:
+        if compiled._plain_text_stays_alive(state) and compiled.next_state(state, ord("e")) != state:
             safe_moving.append(data[:end])
     if name in SAFE_CASES:
         assert safe_moving
@@ -556,7 +556,7 @@ def test_plain_text_shortcut_is_exact_where_text_changes_the_configuration(name)
         inside = [compiled.next_state(compiled.initial_state, ord('"'))]
         for byte in b"hello":
             inside.append(compiled.next_state(inside[-1], byte))
-        assert not safe_moving and (compiled._plain_safe[inside] == 0).all()
+        assert not safe_moving and not any(compiled._plain_text_stays_alive(c) for c in inside)
 
 
 def node_bytes(trie) -> dict[int, bytes]:
@@ -567,6 +567,34 @@ def node_bytes(trie) -> dict[int, bytes]:
         for child in range(starts[node], ends[node]):
             spelled[child] = spelled[node] + bytes((bytes_of[child],))
     return spelled
+
+
+def test_walks_allow_whole_subtrees_within_a_string_bound(monkeypatch):
+    """Inside a string of bounded length plain text dies only at the bound: a walk allows every
+    plain token below a node whose longest token fits in the characters left there
+    (`_plain_depth` against `TokenTrie.height`), and the masks stay exact at every byte, up
+    to the bound."""
+    compiled = compile_grammar(Grammar.from_json_schema({"type": "string", "maxLength": 40}),
+                               smollm2())
+    cut = []
+    allow_below_cuts = CompiledGrammar._allow_below_cuts
+
+    def spy(self, allowed, trie, cuts):
+        cut.extend((node, state) for nodes, states in cuts
+                   for node, state in zip(nodes.tolist(), states.tolist(), strict=True))
+        return allow_below_cuts(self, allowed, trie, cuts)
+
+    monkeypatch.setattr(CompiledGrammar, "_allow_below_cuts", spy)
+    state, data = compiled.initial_state, ('"' + "hello wörld, " * 3 + 'a"').encode()
+    for end in range(len(data) + 1):
+        if end:
+            state = compiled.next_state(state, data[end - 1])
+        assert state != 0, data[:end]
+        compiled._masks.clear()
+        assert_mask_is_exact(compiled, state)
+    depths = [int(compiled._plain_depths[state]) for _, state in cut]
+    assert cut and all(0 < depth <= 40 for depth in depths)
+    assert all(compiled.trie.height[node] <= depth for (node, _), depth in zip(cut, depths, strict=True))
 
 
 def test_trie_ranges_and_twin_nodes_match_token_bytes():
@@ -586,6 +614,7 @@ def test_trie_ranges_and_twin_nodes_match_token_bytes():
         entries = trie.plain_entry[trie.first_entry[node] : trie.end_entry[node]].tolist()
         assert entries == [t in plain for t in below]
         assert trie.rest_node[node] == rest_node.get(prefix, -1)
+        assert trie.height[node] == max(len(vocab.token_bytes[t]) for t in below) - len(prefix)
         try:
             prefix.decode("utf-8")
             complete = True
