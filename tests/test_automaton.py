@@ -324,6 +324,18 @@ def assert_mask_is_exact(compiled, state) -> None:
     assert not len(wrong), [(compiled.vocab.token_bytes[t], bool(bits[t])) for t in wrong[:5]]
 
 
+def assert_masks_exact_along(compiled, text: str) -> None:
+    """`assert_mask_is_exact` in every configuration that `text` passes, each mask computed
+    afresh."""
+    state, data = compiled.initial_state, text.encode()
+    for end in range(len(data) + 1):
+        if end:
+            state = compiled.next_state(state, data[end - 1])
+        assert state != 0, data[:end]
+        compiled._masks.clear()
+        assert_mask_is_exact(compiled, state)
+
+
 WEATHER_SCHEMA = {
     "type": "object",
     "properties": {
@@ -464,14 +476,7 @@ def test_masks_are_exact_where_a_walk_meets_a_plain_text_loop(name, monkeypatch)
         return allow_below_cuts(self, allowed, trie, cuts)
 
     monkeypatch.setattr(CompiledGrammar, "_allow_below_cuts", spy)
-    state = compiled.initial_state
-    data = text.encode()
-    for end in range(len(data) + 1):
-        if end:
-            state = compiled.next_state(state, data[end - 1])
-        assert state != 0, data[:end]
-        compiled._masks.clear()
-        assert_mask_is_exact(compiled, state)
+    assert_masks_exact_along(compiled, text)
     assert cut_nodes  # the shortcut was taken
     assert compiled.trie.boundary[cut_nodes].all()
 
@@ -499,14 +504,7 @@ def test_masks_are_exact_where_plain_text_loops_back(name, monkeypatch):
         return loops
 
     monkeypatch.setattr(CompiledGrammar, "_loops_on_plain_text", spy)
-    state = compiled.initial_state
-    data = text.encode()
-    for end in range(len(data) + 1):
-        if end:
-            state = compiled.next_state(state, data[end - 1])
-        assert state != 0, data[:end]
-        compiled._masks.clear()
-        assert_mask_is_exact(compiled, state)
+    assert_masks_exact_along(compiled, text)
     assert looping  # the shortcut was taken
 
 
@@ -585,13 +583,7 @@ def test_walks_allow_whole_subtrees_within_a_string_bound(monkeypatch):
         return allow_below_cuts(self, allowed, trie, cuts)
 
     monkeypatch.setattr(CompiledGrammar, "_allow_below_cuts", spy)
-    state, data = compiled.initial_state, ('"' + "hello wörld, " * 3 + 'a"').encode()
-    for end in range(len(data) + 1):
-        if end:
-            state = compiled.next_state(state, data[end - 1])
-        assert state != 0, data[:end]
-        compiled._masks.clear()
-        assert_mask_is_exact(compiled, state)
+    assert_masks_exact_along(compiled, '"' + "hello wörld, " * 3 + 'a"')
     depths = [int(compiled._plain_depths[state]) for _, state in cut]
     assert cut and all(0 < depth <= 40 for depth in depths)
     assert all(compiled.trie.height[node] <= depth for (node, _), depth in zip(cut, depths, strict=True))
