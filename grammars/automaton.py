@@ -662,8 +662,8 @@ class CompiledGrammar:
         return depth
 
     def _ascii_look_ahead(self, config: int, characters: int, limit: int) -> tuple[bool, bool]:
-        """(whether some plain ASCII text of fewer than `characters` bytes leads `config` to
-        DEAD, whether the configurations such texts reach are at most `limit`): where text
+        """(whether some plain ASCII text of at most `characters` bytes leads `config` to DEAD,
+        whether the configurations shorter texts reach are at most `limit`): where text
         dies soon (a pattern's states) or branches widely (keys beside the properties'
         names), `_plain_depth` needs no search of UTF-8 sequences."""
         level = {config: 0}
