@@ -48,11 +48,11 @@ _TOKEN_NEXT_BYTES = 100  # an accepted token's entry in its configuration's dict
 _SUCCESSORS_BYTES = 300  # a configuration's set of successors after plain text, and its slot
 _NARROW_FRONTIER = 48  # walk depth-first below a level with at most this many children to read
 _CUT_FRONTIER = 512  # a walk looks for plain-text regions on a level with at least this many children
-_PLAIN_SEARCH = 64  # configurations a search for plain text that dies may visit
+_PLAIN_SEARCH = 64  # configurations a search for plain text that dies may visit ...
+_LOOP_AHEAD_SEARCH = 8  # ... and one from where text leads on to a loop (see `_plain_depth`)
 _PLAIN_DEPTH = 32  # characters it looks ahead for one that dies, at most
 _PLAIN_DEPTH_USEFUL = 8  # fewer let walks cut nowhere: not worth searching UTF-8 sequences
 _PLAIN_ALWAYS = 32767  # its answer where none dies
-_LOOP_AHEAD_SEARCH = 8  # ... and one from where text leads on to a loop (see its docstring)
 _NARROW_ROOT = 8  # a configuration that may read at most this many bytes steps on each
 _FEW_CHILDREN = 4  # ... and looks its bytes up among a node's children (a binary search each)
                    # where the node has more than this many children per byte
@@ -611,21 +611,20 @@ class CompiledGrammar:
         if known >= 0:
             return known
         after = self._after_plain_ascii(config)
-        limit = _PLAIN_SEARCH
-        if after is not None and after != {config} and any(
-                self._after_plain_ascii(nxt) == {nxt} for nxt in after if nxt != config):
-            # Text leads on to a configuration that loops on it: a key beside a pattern's keys
-            # (a few configurations) is decided by a short search; one beside the properties'
-            # names is not, and walks stop at the loop, at less cost than a search of every
-            # name.
-            if config in self._undecided:
-                return 0
-            limit = _LOOP_AHEAD_SEARCH
+        # Text that leads on to a configuration that loops on it gets a short search: a key
+        # beside a pattern's keys (a few configurations) is decided by it; one beside the
+        # properties' names is not, and walks stop at the loop, at less cost than a search
+        # of every name.
+        short = after is not None and after != {config} and any(
+            self._after_plain_ascii(nxt) == {nxt} for nxt in after if nxt != config)
+        if short and config in self._undecided:
+            return 0
+        limit = _LOOP_AHEAD_SEARCH if short else _PLAIN_SEARCH
         dies, complete = self._ascii_look_ahead(config, _PLAIN_DEPTH_USEFUL, limit)
         if dies:
             self._plain_depths[config] = 0  # a lower bound: walks cut nowhere near it anyway
             return 0
-        if not complete and limit == _LOOP_AHEAD_SEARCH:
+        if short and not complete:
             self._undecided.add(config)
             return 0
         level = {config: 0}
@@ -650,11 +649,11 @@ class CompiledGrammar:
                 elif len(order) < limit:
                     level[nxt] = here + 1
                     order.append(nxt)
-                elif limit == _PLAIN_SEARCH:
-                    depth = min(depth, here + 1)
-                else:
+                elif short:
                     self._undecided.add(config)
                     return 0
+                else:
+                    depth = min(depth, here + 1)
         if depth == _PLAIN_ALWAYS:
             self._plain_depths[order] = _PLAIN_ALWAYS
         else:

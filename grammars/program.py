@@ -518,9 +518,20 @@ class _Compiler:
     def repeat(self, node: Repeat) -> list[int]:
         if node.min < 0 or (node.max is not None and node.max < node.min):
             raise GrammarError(f"invalid repetition bounds {{{node.min},{node.max}}}")
-        table = _one_byte_table(node.item)
-        item = ((lambda: [self.emit(BYTE, accept=table)]) if table is not None
-                else (lambda: self.node(node.item)))  # a byte class repeated: one table
+        table: bytes | None = None
+
+        def item() -> list[int]:
+            """The item's code; once it is seen to be one BYTE instruction (a byte class, the
+            32 optional bytes of JSON whitespace), its copies reuse that accept table."""
+            nonlocal table
+            if table is not None:
+                return [self.emit(BYTE, accept=table)]
+            start = len(self.kind)
+            item_exits = self.node(node.item)
+            if item_exits == [start] and len(self.kind) == start + 1 and self.kind[start] == BYTE:
+                table = self.accept[start]
+            return item_exits
+
         exits: list[int] = [self.emit(JUMP)]
         for _ in range(node.min):
             self.link(exits, len(self.kind))
@@ -570,20 +581,6 @@ class _Compiler:
         for pc, branches in zip(state_pc, branches_of, strict=False):
             self.targets[pc] = (*branches, exit_pc)
         return [exit_pc]
-
-
-def _one_byte_table(node: Node) -> bytes | None:
-    """The accept table of the one BYTE instruction `node` compiles to (a byte class, a class
-    of one-byte characters, a one-byte literal), or None."""
-    if isinstance(node, ByteClass) and node.ranges:
-        return accept_table(node.ranges)
-    if isinstance(node, CharClass):
-        sequences = char_class_sequences(node)
-        if sequences and all(len(sequence) == 1 for sequence in sequences):
-            return accept_table([sequence[0] for sequence in sequences])
-    if isinstance(node, Literal) and len(node.data) == 1:
-        return accept_table([(node.data[0], node.data[0])])
-    return None
 
 
 def _to_ranges(values: list[int]) -> list[tuple[int, int]]:

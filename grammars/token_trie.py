@@ -41,7 +41,12 @@ def is_plain_text(data: bytes) -> bool:
         if error.end != len(data) or not _is_partial_character(data[error.start :]):
             return False
         text = data[: error.start].decode("utf-8")
-    return all(ch >= " " and ch not in '"\\' for ch in text)
+    return all(map(_is_plain_character, text))
+
+
+def _is_plain_character(ch: str) -> bool:
+    """Not a control character, `"` or `\\`: what JSON strings and free text read as is."""
+    return ch >= " " and ch not in '"\\'
 
 
 def plain_prefix_length(data: bytes, not_plain: bytes = b"") -> int:
@@ -54,7 +59,7 @@ def plain_prefix_length(data: bytes, not_plain: bytes = b"") -> int:
     length = 0
     for ch in text:
         encoded = ch.encode("utf-8")
-        if ch < " " or ch in '"\\' or any(b in not_plain for b in encoded):
+        if not _is_plain_character(ch) or any(b in not_plain for b in encoded):
             break
         length += len(encoded)
     return length
