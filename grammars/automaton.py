@@ -71,25 +71,30 @@ def _bytes_of(table: bytes) -> tuple[int, ...]:
 
 
 @functools.lru_cache(maxsize=4096)
-def _byte_groups(tables: tuple[bytes, ...]) -> tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]:
-    """The bytes some of `tables` accept, grouped by which of them accept each byte: (indices
-    of those tables, the bytes). Bytes of one group lead threads parked on those tables to
-    one configuration."""
-    members: list[list[int]] = [[] for _ in range(256)]
-    for i, table in enumerate(tables):
-        for byte in _bytes_of(table):
-            members[byte].append(i)
-    groups: dict[tuple[int, ...], list[int]] = {}
-    for byte, indices in enumerate(members):
-        if indices:
-            groups.setdefault(tuple(indices), []).append(byte)
-    return tuple((indices, tuple(group)) for indices, group in groups.items())
+def _byte_groups(accepted: tuple[int, ...]) -> tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]:
+    """The bytes some of `accepted` (sets of bytes as bits) hold, grouped by which of them hold
+    each byte: (indices of those sets, the bytes), in the order of each group's first byte.
+    Bytes of one group lead threads parked on those sets to one configuration.
 
-
-@functools.lru_cache(maxsize=4096)
-def _group_bits(tables: tuple[bytes, ...]) -> tuple[int, ...]:
-    """The bytes of each group of `_byte_groups(tables)`, as bits."""
-    return tuple(_bits(group) for _, group in _byte_groups(tables))
+    Found by refining a partition one set at a time: a few int operations per set and part,
+    where a configuration of many threads reads a few groups."""
+    union = 0
+    for bits in accepted:
+        union |= bits
+    parts: list[tuple[int, tuple[int, ...]]] = [(union, ())]
+    for index, bits in enumerate(accepted):
+        refined = []
+        for part, members in parts:
+            inside = part & bits
+            if not inside:
+                refined.append((part, members))
+                continue
+            refined.append((inside, (*members, index)))
+            if inside != part:
+                refined.append((part ^ inside, members))
+        parts = refined
+    parts.sort(key=lambda part: part[0] & -part[0])
+    return tuple((members, _bytes_in(part)) for part, members in parts if part)
 
 
 def _bits(values: Iterable[int]) -> int:
@@ -374,16 +379,15 @@ class CompiledGrammar:
         return row
 
     def _group_steps(self, config: int, wanted: int) -> list[tuple[tuple[int, ...], int]]:
-        """(bytes, next configuration) for each group of bytes that the same threads of
-        `config` accept (`_byte_groups`) and that has a byte among the bits `wanted`: one
-        closure per group, read as plain bytes."""
-        arg, accepted, tables = self.program.arg, self._accepted_bytes, self._accept_tables
-        movers = [(pc, stack) for pc, stack in self._threads[config] if accepted[pc]]
+        """(bytes, next configuration) for each group of the bytes among the bits `wanted` that
+        the same threads of `config` accept (`_byte_groups`): one closure per group, read as
+        plain bytes."""
+        arg, accept_bits = self.program.arg, self._accept_bits
+        movers = [(pc, stack) for pc, stack in self._threads[config] if accept_bits[pc] & wanted]
         moved = [(arg[pc], stack) for pc, stack in movers]
-        key = tuple([tables[pc] for pc, _ in movers])
+        key = tuple([accept_bits[pc] & wanted for pc, _ in movers])
         return [(group, self._intern_closure(tuple([moved[i] for i in indices])))
-                for (indices, group), bits in zip(_byte_groups(key), _group_bits(key), strict=True)
-                if bits & wanted]
+                for indices, group in _byte_groups(key)]
 
     def _thread_byte(self, config: int, byte: int) -> int:
         """One byte transition of a configuration's threads, read as a plain byte."""

@@ -80,6 +80,9 @@ class Runtime:
         self.memo_limit = memo_limit
         self._memo: dict[tuple[int, int], tuple[tuple, tuple]] = {}
         self._reach_memo: dict[tuple[int, int], tuple[tuple[tuple[int, int], ...], bool]] = {}
+        # Per instruction, whether it waits for a symbol: a seed there is its own closure
+        # (most seeds inside literals and UTF-8 sequences), with no memo to consult.
+        self._parks = bytes(k == BYTE or k == SPECIAL for k in program.kind)
 
     def initial(self, log: Log = None, track: bool = False) -> tuple[list[Thread], list[Log]]:
         return self.closure([(self.program.start, 0, log)], 0, track)
@@ -125,13 +128,18 @@ class Runtime:
     def reach(self, seeds: tuple[tuple[int, int], ...]) -> tuple[tuple[tuple[int, int], ...], bool]:
         """The (pc, stack) pairs `closure` would park on from `seeds`, and whether it reaches
         MATCH: the closure without capture logs, as the automaton needs it (sets, no order)."""
-        memo = self._reach_memo
+        memo, parks = self._reach_memo, self._parks
         if len(seeds) == 1:
+            if parks[seeds[0][0]]:
+                return seeds, False
             entry = memo.get(seeds[0])
             return entry if entry is not None else self._reach_of(seeds[0])
         pairs: dict[tuple[int, int], None] = {}
         matched = False
         for seed in seeds:
+            if parks[seed[0]]:
+                pairs[seed] = None
+                continue
             entry = memo.get(seed)
             if entry is None:
                 entry = self._reach_of(seed)

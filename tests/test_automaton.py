@@ -17,6 +17,8 @@ from pegmask.grammars import Grammar
 from pegmask.grammars.automaton import (
     CompiledGrammar,
     GrammarCompiler,
+    _bits,
+    _byte_groups,
     compile_grammar,
     fill_next_token_bitmasks,
 )
@@ -669,6 +671,21 @@ def test_plain_text_tokens_may_end_inside_a_character():
     assert not is_plain_text(b"ab\xe0\x80")  # an overlong encoding, never completed
     assert not is_plain_text(b"ab\xed\xa0")  # a surrogate, never completed
     assert not is_plain_text(b'a"') and not is_plain_text(b"a\n")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.integers(0, (1 << 256) - 1),
+                          st.sets(st.integers(0, 255), max_size=6).map(_bits)), max_size=12))
+def test_byte_groups_partition_bytes_by_the_sets_that_hold_them(accepted):
+    """Each byte some set holds is in exactly one group, whose members are exactly the sets
+    that hold it; groups come in the order of their first byte."""
+    groups = _byte_groups(tuple(accepted))
+    seen = [byte for _, group in groups for byte in group]
+    assert sorted(seen) == [b for b in range(256) if any(bits >> b & 1 for bits in accepted)]
+    for members, group in groups:
+        for byte in group:
+            assert members == tuple(i for i, bits in enumerate(accepted) if bits >> byte & 1)
+    assert [group[0] for _, group in groups] == sorted(group[0] for _, group in groups)
 
 
 def test_plain_characters_followed_on_threads_agree_with_transitions():
