@@ -23,7 +23,7 @@ import numpy as np
 
 from pegmask.grammars.grammar import Grammar
 from pegmask.grammars.json_schema_emit import WHITESPACE
-from pegmask.grammars.program import BYTE, SPECIAL, SPECIAL_BASE, Program, accept_table
+from pegmask.grammars.program import SPECIAL, SPECIAL_BASE, Program, accept_table
 from pegmask.grammars.runtime import DEFAULT_MAX_DEPTH, Runtime
 from pegmask.grammars.spelling import Lexeme, spelled_specials
 from pegmask.grammars.token_trie import (
@@ -62,12 +62,6 @@ _ROW_AT = 8  # ... a whole row only when a walk level needs more bytes of it at 
 _UNKNOWN_ROW = array("i", [UNKNOWN] * 256)
 ALL_BYTES = (1 << 256) - 1
 Threads = tuple[tuple[int, int], ...]  # a configuration's (pc, stack) pairs
-
-
-@functools.lru_cache(maxsize=4096)
-def _bytes_of(table: bytes) -> tuple[int, ...]:
-    """The bytes an accept table accepts (memoized: grammars share their byte classes)."""
-    return tuple(np.flatnonzero(np.frombuffer(table, dtype=np.uint8)).tolist())
 
 
 @functools.lru_cache(maxsize=4096)
@@ -116,8 +110,10 @@ def _bytes_in(bits: int) -> tuple[int, ...]:
 
 @functools.lru_cache(maxsize=4096)
 def _bits_of(table: bytes) -> int:
-    """`_bytes_of(table)` as bits (memoized like it)."""
-    return _bits(_bytes_of(table))
+    """The bytes an accept table accepts, as bits (memoized: grammars share their byte
+    classes)."""
+    packed = np.packbits(np.frombuffer(table, dtype=np.uint8), bitorder="little")
+    return int.from_bytes(packed.tobytes(), "little")
 
 
 def _flat_ranges(starts: np.ndarray, counts: np.ndarray, total: int) -> np.ndarray:
@@ -126,10 +122,19 @@ def _flat_ranges(starts: np.ndarray, counts: np.ndarray, total: int) -> np.ndarr
     return np.repeat(starts - np.cumsum(counts) + counts, counts) + np.arange(total)
 
 
-def _accepted_bytes(program: Program) -> list[tuple[int, ...]]:
-    """Per instruction, the bytes it consumes (empty for every other instruction)."""
-    return [_bytes_of(table) if kind == BYTE else ()
-            for kind, table in zip(program.kind, program.accept, strict=True)]
+def _accept_bits(program: Program) -> list[int]:
+    """Per instruction, the bytes a thread there reads (`Program.leaves`), as bits."""
+    accept = program.accept
+    found = []
+    for pc, leaves in enumerate(program.leaves):
+        if leaves == (pc,):
+            found.append(_bits_of(accept[pc]))
+        else:
+            bits = 0
+            for leaf in leaves:
+                bits |= _bits_of(accept[leaf])
+            found.append(bits)
+    return found
 
 
 class CompiledGrammar:
@@ -199,14 +204,11 @@ class CompiledGrammar:
         self._special_next: dict[tuple[int, int], int] = {}
         self._closures: dict[tuple, int] = {}
         self._run_splits: dict[int, tuple[int, int, bytes, int] | None] = {}
-        self._accepted_bytes = _accepted_bytes(self.program)
-        never = bytes(256)
-        self._accept_tables = [table if kind == BYTE else never
-                               for kind, table in zip(self.program.kind, self.program.accept,
-                                                      strict=True)]
-        # Per configuration, the bytes that may not lead to DEAD (those its threads read, and
-        # with spelled specials their first bytes): a walk skips the others without a step.
-        self._accept_bits = [_bits_of(table) for table in self._accept_tables]
+        self._leaves = self.program.leaves
+        # Per instruction, the bytes a thread there reads; per configuration, the bytes that
+        # may not lead to DEAD (those its threads read, and with spelled specials their first
+        # bytes): a walk skips the others without a step.
+        self._accept_bits = _accept_bits(self.program)
         self._lexer_bits = _bits(self.lexer.first_bytes)
         self._live_bits: list[int] = [0]
         self._few_bytes: list[tuple[int, ...] | None] = [()]  # the live bits, if few
@@ -382,10 +384,11 @@ class CompiledGrammar:
         """(bytes, next configuration) for each group of the bytes among the bits `wanted` that
         the same threads of `config` accept (`_byte_groups`): one closure per group, read as
         plain bytes."""
-        arg, accept_bits = self.program.arg, self._accept_bits
-        movers = [(pc, stack) for pc, stack in self._threads[config] if accept_bits[pc] & wanted]
-        moved = [(arg[pc], stack) for pc, stack in movers]
-        key = tuple([accept_bits[pc] & wanted for pc, _ in movers])
+        arg, accept_bits, leaves = self.program.arg, self._accept_bits, self._leaves
+        movers = [(leaf, stack) for pc, stack in self._threads[config]
+                  if accept_bits[pc] & wanted for leaf in leaves[pc] if accept_bits[leaf] & wanted]
+        moved = [(arg[leaf], stack) for leaf, stack in movers]
+        key = tuple([accept_bits[leaf] & wanted for leaf, _ in movers])
         return [(group, self._intern_closure(tuple([moved[i] for i in indices])))
                 for indices, group in _byte_groups(key)]
 
@@ -394,9 +397,9 @@ class CompiledGrammar:
         row = self._thread_rows[config]
         nxt = row[byte]
         if nxt == UNKNOWN:
-            arg, accept = self.program.arg, self._accept_tables
-            seeds = tuple([(arg[pc], stack) for pc, stack in self._threads[config]
-                           if accept[pc][byte]])
+            arg, accept, leaves = self.program.arg, self.program.accept, self._leaves
+            seeds = tuple([(arg[leaf], stack) for pc, stack in self._threads[config]
+                           for leaf in leaves[pc] if accept[leaf][byte]])
             nxt = row[byte] = self._intern_closure(seeds) if seeds else DEAD
             if not self._lexed:
                 self._table[config, byte] = nxt
@@ -475,7 +478,7 @@ class CompiledGrammar:
         for pc, _ in self._threads[config]:
             if kind[pc] == SPECIAL:
                 return None
-            allowed.update(self._accepted_bytes[pc])
+            allowed.update(_bytes_in(self._accept_bits[pc]))
             if len(allowed) > 1:
                 return None
         return bytes(allowed) if allowed else None
@@ -566,11 +569,9 @@ class CompiledGrammar:
             table = self.program.accept[pc]
             after = self._intern_closure(((exit_pc, stack),))
             others = tuple(thread for thread in self._threads[config] if thread != inside[0])
-            accept, members = self._accept_tables, self._accepted_bytes[pc]
-            if not any(byte in self.lexer.first_bytes for byte in members) and not any(
-                accept[other][byte] for other, _ in (*others, *self._threads[after])
-                for byte in members
-            ):
+            accept_bits, members = self._accept_bits, self._accept_bits[pc]
+            if not members & self._lexer_bits and not any(
+                    accept_bits[other] & members for other, _ in (*others, *self._threads[after])):
                 result = (self._intern(others, self._accepting[config]), after, table, remaining)
         self._run_splits[config] = result
         return result
@@ -739,7 +740,7 @@ class CompiledGrammar:
         or a byte may start a spelled special."""
         if self._multibyte_spelled:
             return None
-        bits, arg = self._accept_bits, self.program.arg
+        bits, arg, leaves = self._accept_bits, self.program.arg, self._leaves
         # Only threads that read some byte past ASCII take part (most threads of a large
         # object's keys read only letters).
         threads = tuple([thread for thread in self._threads[config] if bits[thread[0]] >> 0x80])
@@ -755,11 +756,12 @@ class CompiledGrammar:
                     span = ((1 << (hi - lo + 1)) - 1) << lo
                     seeds = []
                     for pc, stack in current:
-                        accepted = bits[pc] & span
-                        if accepted == span:
-                            seeds.append((arg[pc], stack))
-                        elif accepted:
-                            return None
+                        for leaf in leaves[pc]:
+                            accepted = bits[leaf] & span
+                            if accepted == span:
+                                seeds.append((arg[leaf], stack))
+                            elif accepted:
+                                return None
                     if not seeds:
                         return {DEAD}
                     known = moved[current, lo, hi] = self.runtime.reach(tuple(seeds))

@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pegmask.grammars.errors import GrammarError
 from pegmask.grammars.ir import (
@@ -63,6 +63,13 @@ class Program:
     # a run, (how many bytes of the class a thread there may still read, this one included;
     # the pc where the run exits). The automaton reads whole runs at once with it.
     runs: dict[int, tuple[int, int]]
+    # Per instruction, the BYTE instructions a thread there reads its next byte with (see
+    # `byte_leaves`): closures park on a SPLIT that only chooses between bytes.
+    leaves: list[tuple[int, ...]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.leaves:
+            self.leaves = byte_leaves(self.kind, self.targets)
 
     def special_symbol(self, name: str) -> int | None:
         """Symbol number of special token `name`, or None if the grammar never uses it."""
@@ -73,6 +80,27 @@ class Program:
 
     def __len__(self) -> int:
         return len(self.kind)
+
+
+def byte_leaves(kind: list[int], targets: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+    """Per instruction: itself for a BYTE; for a SPLIT whose alternatives are BYTEs or such
+    SPLITs (the lead bytes of UTF-8 sequences, a choice of literals) those BYTEs, first
+    alternative first; () for every other instruction. A thread on such a SPLIT is one
+    thread where its closure would park one per alternative (a JSON string's escapes and
+    UTF-8 sequences are one thread instead of nine)."""
+    leaves: list[tuple[int, ...]] = [(pc,) if k == BYTE else () for pc, k in enumerate(kind)]
+    # Nested choices come after the SPLIT that chooses them: from the last instruction back,
+    # every alternative of a SPLIT is decided before it (loops back are not choices of bytes).
+    for pc in range(len(kind) - 1, -1, -1):
+        if kind[pc] == SPLIT and all(alt > pc or kind[alt] == BYTE for alt in targets[pc]):
+            found: dict[int, None] = {}
+            for alt in targets[pc]:
+                if not leaves[alt]:
+                    break
+                found.update(dict.fromkeys(leaves[alt]))
+            else:
+                leaves[pc] = tuple(found)
+    return leaves
 
 
 def expand_json_schemas(ir: GrammarIR) -> GrammarIR:

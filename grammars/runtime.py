@@ -9,7 +9,6 @@ highest-priority thread, which bounds the work per symbol.
 from __future__ import annotations
 
 from pegmask.grammars.program import (
-    BYTE,
     CALL,
     CLOSE,
     JUMP,
@@ -80,9 +79,11 @@ class Runtime:
         self.memo_limit = memo_limit
         self._memo: dict[tuple[int, int], tuple[tuple, tuple]] = {}
         self._reach_memo: dict[tuple[int, int], tuple[tuple[tuple[int, int], ...], bool]] = {}
-        # Per instruction, whether it waits for a symbol: a seed there is its own closure
-        # (most seeds inside literals and UTF-8 sequences), with no memo to consult.
-        self._parks = bytes(k == BYTE or k == SPECIAL for k in program.kind)
+        # Per instruction, whether a thread waits there for a symbol (a SPECIAL, a BYTE, a
+        # SPLIT between bytes: `Program.leaves`): a seed there is its own closure (most seeds
+        # inside literals and UTF-8 sequences), with no memo to consult.
+        self._parks = bytes(k == SPECIAL or bool(leaves)
+                            for k, leaves in zip(program.kind, program.leaves, strict=True))
 
     def initial(self, log: Log = None, track: bool = False) -> tuple[list[Thread], list[Log]]:
         return self.closure([(self.program.start, 0, log)], 0, track)
@@ -161,7 +162,8 @@ class Runtime:
         prog = self.program
         kind, arg, aux, targets = prog.kind, prog.arg, prog.aux, prog.targets
         # A seed waiting for a symbol is its own closure (most seeds inside literals).
-        if kind[pc] == BYTE or kind[pc] == SPECIAL:
+        parks = self._parks
+        if parks[pc]:
             return (((pc, stack), ()),), ()
         stacks = self.stacks
         s_ret, s_parent, s_depth = stacks.ret, stacks.parent, stacks.depth
@@ -177,10 +179,10 @@ class Runtime:
                 if key in seen:
                     break
                 seen.add(key)
-                k = kind[pc]
-                if k == BYTE or k == SPECIAL:
+                if parks[pc]:
                     consumers.append((key, events))
                     break
+                k = kind[pc]
                 if k == JUMP:
                     pc = arg[pc]
                 elif k == SPLIT:
@@ -211,12 +213,13 @@ class Runtime:
     ) -> tuple[list[Thread], list[Log]]:
         """Consume one symbol (a byte, or 256+ for a special token) from every thread."""
         prog = self.program
-        kind, arg, aux, accept = prog.kind, prog.arg, prog.aux, prog.accept
+        kind, arg, aux, accept, leaves = prog.kind, prog.arg, prog.aux, prog.accept, prog.leaves
         seeds: list[Thread] = []
         if symbol < 256:
             for pc, stack, log in threads:
-                if kind[pc] == BYTE and accept[pc][symbol]:
-                    seeds.append((arg[pc], stack, log))
+                for leaf in leaves[pc]:
+                    if accept[leaf][symbol]:
+                        seeds.append((arg[leaf], stack, log))
         else:
             for pc, stack, log in threads:
                 if kind[pc] == SPECIAL and aux[pc] == symbol:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from pegmask.grammars.program import BYTE, SPECIAL, Program
+from pegmask.grammars.program import SPECIAL, Program
 from pegmask.grammars.runtime import Runtime
 
 PREFERRED = b"abcxyz019 {}[]\":,\n<>/"
@@ -14,9 +14,9 @@ def next_symbols(program: Program, threads: list) -> list[int]:
     """Every symbol some thread can consume next."""
     symbols: set[int] = set()
     for pc, _, _ in threads:
-        if program.kind[pc] == BYTE:
-            symbols.update(i for i, ok in enumerate(program.accept[pc]) if ok)
-        elif program.kind[pc] == SPECIAL:
+        for leaf in program.leaves[pc]:
+            symbols.update(i for i, ok in enumerate(program.accept[leaf]) if ok)
+        if program.kind[pc] == SPECIAL:
             symbols.add(program.aux[pc])
     return sorted(symbols)
 
