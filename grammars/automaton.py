@@ -125,15 +125,13 @@ def _flat_ranges(starts: np.ndarray, counts: np.ndarray, total: int) -> np.ndarr
 def _accept_bits(program: Program) -> list[int]:
     """Per instruction, the bytes a thread there reads (`Program.leaves`), as bits."""
     accept = program.accept
-    found = []
+    found = [0] * len(accept)
     for pc, leaves in enumerate(program.leaves):
-        if leaves == (pc,):
-            found.append(_bits_of(accept[pc]))
-        else:
+        if leaves:
             bits = 0
             for leaf in leaves:
                 bits |= _bits_of(accept[leaf])
-            found.append(bits)
+            found[pc] = bits
     return found
 
 

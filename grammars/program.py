@@ -88,16 +88,20 @@ def byte_leaves(kind: list[int], targets: list[tuple[int, ...]]) -> list[tuple[i
     alternative first; () for every other instruction. A thread on such a SPLIT is one
     thread where its closure would park one per alternative (a JSON string's escapes and
     UTF-8 sequences are one thread instead of nine)."""
-    leaves: list[tuple[int, ...]] = [(pc,) if k == BYTE else () for pc, k in enumerate(kind)]
+    leaves: list[tuple[int, ...]] = [()] * len(kind)
     # Nested choices come after the SPLIT that chooses them: from the last instruction back,
     # every alternative of a SPLIT is decided before it (loops back are not choices of bytes).
     for pc in range(len(kind) - 1, -1, -1):
-        if kind[pc] == SPLIT and all(alt > pc or kind[alt] == BYTE for alt in targets[pc]):
+        k = kind[pc]
+        if k == BYTE:
+            leaves[pc] = (pc,)
+        elif k == SPLIT:
             found: dict[int, None] = {}
             for alt in targets[pc]:
-                if not leaves[alt]:
+                sub = leaves[alt] if alt > pc else (alt,) if kind[alt] == BYTE else ()
+                if not sub:
                     break
-                found.update(dict.fromkeys(leaves[alt]))
+                found.update(dict.fromkeys(sub))
             else:
                 leaves[pc] = tuple(found)
     return leaves
