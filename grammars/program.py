@@ -65,11 +65,10 @@ class Program:
     runs: dict[int, tuple[int, int]]
     # Per instruction, the BYTE instructions a thread there reads its next byte with (see
     # `byte_leaves`): closures park on a SPLIT that only chooses between bytes.
-    leaves: list[tuple[int, ...]] = field(default_factory=list)
+    leaves: list[tuple[int, ...]] = field(init=False)
 
     def __post_init__(self) -> None:
-        if not self.leaves:
-            self.leaves = byte_leaves(self.kind, self.targets)
+        self.leaves = byte_leaves(self.kind, self.targets)
 
     def special_symbol(self, name: str) -> int | None:
         """Symbol number of special token `name`, or None if the grammar never uses it."""
