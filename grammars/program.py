@@ -64,11 +64,17 @@ class Program:
     # the pc where the run exits). The automaton reads whole runs at once with it.
     runs: dict[int, tuple[int, int]]
     # Per instruction, the BYTE instructions a thread there reads its next byte with (see
-    # `byte_leaves`): closures park on a SPLIT that only chooses between bytes.
+    # `byte_leaves`): closures park on a SPLIT that only chooses between bytes; and whether a
+    # thread there waits for a symbol (a SPECIAL, a BYTE, such a SPLIT), so that a seed
+    # there is its own closure. Derived once per program: every stream parser's runtime
+    # reads them.
     leaves: list[tuple[int, ...]] = field(init=False)
+    parks: bytes = field(init=False)
 
     def __post_init__(self) -> None:
         self.leaves = byte_leaves(self.kind, self.targets)
+        self.parks = bytes(k == SPECIAL or bool(leaves)
+                           for k, leaves in zip(self.kind, self.leaves, strict=True))
 
     def special_symbol(self, name: str) -> int | None:
         """Symbol number of special token `name`, or None if the grammar never uses it."""

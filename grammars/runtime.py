@@ -79,11 +79,6 @@ class Runtime:
         self.memo_limit = memo_limit
         self._memo: dict[tuple[int, int], tuple[tuple, tuple]] = {}
         self._reach_memo: dict[tuple[int, int], tuple[tuple[tuple[int, int], ...], bool]] = {}
-        # Per instruction, whether a thread waits there for a symbol (a SPECIAL, a BYTE, a
-        # SPLIT between bytes: `Program.leaves`): a seed there is its own closure (most seeds
-        # inside literals and UTF-8 sequences), with no memo to consult.
-        self._parks = bytes(k == SPECIAL or bool(leaves)
-                            for k, leaves in zip(program.kind, program.leaves, strict=True))
 
     def initial(self, log: Log = None, track: bool = False) -> tuple[list[Thread], list[Log]]:
         return self.closure([(self.program.start, 0, log)], 0, track)
@@ -129,7 +124,9 @@ class Runtime:
     def reach(self, seeds: tuple[tuple[int, int], ...]) -> tuple[tuple[tuple[int, int], ...], bool]:
         """The (pc, stack) pairs `closure` would park on from `seeds`, and whether it reaches
         MATCH: the closure without capture logs, as the automaton needs it (sets, no order)."""
-        memo, parks = self._reach_memo, self._parks
+        # A seed where a thread waits for a symbol (`Program.parks`: most seeds inside
+        # literals and UTF-8 sequences) is its own closure, with no memo to consult.
+        memo, parks = self._reach_memo, self.program.parks
         if len(seeds) == 1:
             if parks[seeds[0][0]]:
                 return seeds, False
@@ -162,7 +159,7 @@ class Runtime:
         prog = self.program
         kind, arg, aux, targets = prog.kind, prog.arg, prog.aux, prog.targets
         # A seed waiting for a symbol is its own closure (most seeds inside literals).
-        parks = self._parks
+        parks = prog.parks
         if parks[pc]:
             return (((pc, stack), ()),), ()
         stacks = self.stacks
