@@ -801,7 +801,9 @@ def _prune(root: Node, rules: dict[str, Node]) -> tuple[Node | None, dict[str, N
         memo[key] = result
         return result
 
-    new_rules = {name: body for name in live if (body := rewrite(rules[name])) is not None}
+    # In the rules' order, not the set's: the program is then the same in every process.
+    new_rules = {name: body for name in rules
+                 if name in live and (body := rewrite(rules[name])) is not None}
     return rewrite(root), new_rules
 
 

@@ -4,7 +4,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from typing import Any
 
 import jsonschema
@@ -195,6 +198,36 @@ def test_dependencies() -> None:
            "dependentSchemas": {"a": {"properties": {"b": {"type": "string"}}, "required": ["b"]}}},
           [{"b": 1}, {"a": 1, "b": "s"}], [{"a": 1}, {"a": 1, "b": 2}])
     check({"dependencies": {"a": ["b"]}}, [{"b": 1}, 5], [{"a": 1}])
+
+
+# A schema whose emission prunes rules that match nothing (the dependency's branches), which
+# is where rule order once followed a set's order, i.e. string hashing.
+PRUNED_SCHEMA = {
+    "type": "object",
+    "properties": {"email": {"type": "string"}, "first": {"type": "string"},
+                   "tags": {"type": "array", "items": {"type": "string"}},
+                   "topic": {"type": "string"}},
+    "additionalProperties": False, "required": ["email", "first"],
+    "dependencies": {"topic": ["tags"]},
+}
+PROGRAM_DIGEST = """
+import hashlib, json, sys
+from pegmask.grammars import Grammar
+p = Grammar.from_json_schema(json.loads(sys.argv[1])).program
+print(hashlib.sha256(repr((p.kind, p.arg, p.aux, p.targets, p.accept)).encode()).hexdigest())
+"""
+
+
+def test_programs_do_not_depend_on_string_hashing() -> None:
+    """The same schema compiles to the same program in every process (hash seeds differ)."""
+    digests = set()
+    for seed in ("1", "2", "3", "4"):
+        proc = subprocess.run([sys.executable, "-c", PROGRAM_DIGEST, json.dumps(PRUNED_SCHEMA)],
+                              env=dict(os.environ, PYTHONHASHSEED=seed), capture_output=True,
+                              text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        digests.add(proc.stdout.strip())
+    assert len(digests) == 1
 
 
 # ---------------------------------------------------------------------------- arrays
