@@ -102,6 +102,7 @@ class Emitter:
         self._any_order_budget = ANY_ORDER_BUDGET
         self._classes: dict[tuple[tuple[int, int], ...], Node | None] = {}
         self._repeats: dict[tuple[Node, int, int], Node] = {}
+        self._extras: dict[tuple, Node | None] = {}  # see `extra_member`
         self._sizes: dict[int, tuple[Node, int]] = {}  # instruction counts by node identity
         self.ws = self.shared("ws", lambda: Repeat(WHITESPACE, 0, max_whitespace)) if max_whitespace else EMPTY
         self.sep = seq(self.ws, Literal(b","), self.ws)
@@ -487,7 +488,19 @@ class Emitter:
 
     def extra_member(self, atom: ObjectAtom, names: list[str]) -> Node | None:
         """One member whose key is none of `names`: the key patterns cut the other keys into
-        regions (which patterns a key matches), each with its own value schema."""
+        regions (which patterns a key matches), each with its own value schema.
+
+        Made once per key rules and names, and shared (an object written twice, or the
+        variants of a `oneOf` of objects with the same properties, use one rule: its key
+        is a trie of every name, as large as the names)."""
+        key = (tuple((rules.patterns, rules.additional) for rules in atom.rules),
+               atom.property_names, tuple(names))
+        if key not in self._extras:
+            member = self._extra_member(atom, names)
+            self._extras[key] = None if member is None else self.share(member)
+        return self._extras[key]
+
+    def _extra_member(self, atom: ObjectAtom, names: list[str]) -> Node | None:
         patterns: list[str] = []
         for rules in atom.rules:
             patterns += [p for p, _ in rules.patterns if p not in patterns]
