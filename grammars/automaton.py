@@ -552,25 +552,30 @@ class CompiledGrammar:
             allowed[rest.tokens_at(below)] = True
 
     def _run_split(self, config: int) -> tuple[int, int, bytes, int] | None:
-        """(rest, after, class, remaining) when `config` is one thread inside a bounded run of a
-        byte class (`Program.runs`: whitespace between JSON tokens) plus other threads that
-        read no byte of the class: `rest` is the configuration of the other threads,
-        `after` that of the run's exit, where no byte of the class may follow either, and
-        `remaining` how many bytes of the class the run may still read. None otherwise."""
+        """(rest, after, class, remaining) when threads of `config` are at one instruction of a
+        bounded run of a byte class (`Program.runs`: whitespace between JSON tokens; one thread
+        per call site of the rule) and its other threads read no byte of the class: `rest` is
+        the configuration of the other threads (which may be inside runs of other classes,
+        such as a number's optional sign), `after` that of the run's exits, where no byte of
+        the class may follow either, and `remaining` how many bytes of the class the run may
+        still read. None otherwise."""
         if config in self._run_splits:
             return self._run_splits[config]
         runs, result = self.program.runs, None
-        inside = [thread for thread in self._threads[config] if thread[0] in runs]
-        if len(inside) == 1 and not self._held[config]:
-            pc, stack = inside[0]
-            remaining, exit_pc = runs[pc]
-            table = self.program.accept[pc]
-            after = self._intern_closure(((exit_pc, stack),))
-            others = tuple(thread for thread in self._threads[config] if thread != inside[0])
-            accept_bits, members = self._accept_bits, self._accept_bits[pc]
-            if not members & self._lexer_bits and not any(
-                    accept_bits[other] & members for other, _ in (*others, *self._threads[after])):
-                result = (self._intern(others, self._accepting[config]), after, table, remaining)
+        threads, accept_bits = self._threads[config], self._accept_bits
+        if not self._held[config]:
+            for pc in dict.fromkeys(thread[0] for thread in threads if thread[0] in runs):
+                members = accept_bits[pc]
+                others = tuple(thread for thread in threads if thread[0] != pc)
+                if members & self._lexer_bits or any(accept_bits[o] & members for o, _ in others):
+                    continue
+                remaining, exit_pc = runs[pc]
+                after = self._intern_closure(
+                    tuple([(exit_pc, stack) for at, stack in threads if at == pc]))
+                if not any(accept_bits[o] & members for o, _ in self._threads[after]):
+                    result = (self._intern(others, self._accepting[config]), after,
+                              self.program.accept[pc], remaining)
+                    break
         self._run_splits[config] = result
         return result
 

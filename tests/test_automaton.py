@@ -408,6 +408,24 @@ def test_whitespace_runs_are_read_whole_for_the_mask():
     assert_mask_is_exact(loose, state)
 
 
+@pytest.mark.parametrize("text", ['{"n":  ', '{"n": 1, "a": true ', '{"a": true  '])
+def test_whitespace_runs_beside_a_sign_or_from_several_calls_are_read_whole(text):
+    """Whitespace before a number (whose optional sign is a bounded run too), and whitespace
+    after a member that several continuations call (one thread per call site), is read
+    whole as well: before, each of its lengths was a configuration of its own. The masks
+    along the text stay exact."""
+    compiled = compile_grammar(Grammar.from_json_schema({
+        "type": "object",
+        "properties": {"n": {"type": "integer"}, "a": {"type": "boolean"},
+                       "b": {"type": "boolean"}},
+    }), smollm2())
+    state = compiled.initial_state
+    for byte in text.encode():
+        state = compiled.next_state(state, byte)
+    assert compiled._run_split(state) is not None
+    assert_masks_exact_along(compiled, text)
+
+
 @pytest.mark.parametrize("peg", [
     'root = [ \\n]{0,4} "x"',
     'root = "a" [ ]{2,5} "b" [ ]{0,2}',
