@@ -320,7 +320,6 @@ def test_additional_keys_exclude_named_ones(names: list[str], key: str) -> None:
         assert grammar.matches(spelling) == (key not in names), (names, spelling)
 
 
-
 def test_object_variants_share_their_extra_member_rule() -> None:
     """A `oneOf` of objects with the same property names allows the same other keys in each
     variant: the trie of "any key but these names" is emitted once, not once per variant."""
