@@ -510,6 +510,10 @@ class CompiledGrammar:
                  if token_id < self.vocab.size and self.next_state(config, symbol) != DEAD]
         if self._accepting[config]:
             extra += self._mask_stop_ids
+        narrow = self._narrow_walk(config, trie)
+        if narrow is not None:  # inside a literal, most often
+            tokens = trie.tokens_of(narrow)
+            return pack_token_ids(tokens + extra, self.vocab.size), len(tokens) == trie.token_count
         if self._plain_text_stays_alive(config):
             # Plain-text tokens are all allowed: only walk the other tokens, which start
             # with most bytes (a whole row costs less than resolving them in the walk);
@@ -588,11 +592,11 @@ class CompiledGrammar:
         packed, free = self.mask(rest)
         run = run_trie(self.vocab, table)
         tokens = run.rests.tokens_at(self._live_nodes(after, run.rests))
-        tokens = np.concatenate([tokens[run.lead[tokens] <= remaining],
-                                 run.run_only[run.lead[run.run_only] <= remaining]])
-        allowed = np.zeros(self.vocab.size, dtype=bool)
-        allowed[tokens] = True
-        return packed | pack_bool_mask(allowed, self.vocab.size), free and len(tokens) == run.count
+        if remaining < run.longest_lead:
+            tokens = tokens[run.lead[tokens] <= remaining]
+        tokens = np.concatenate([tokens, run.run_only_within(remaining)])
+        return (packed | pack_token_ids(tokens, self.vocab.size),
+                free and len(tokens) == run.count)
 
     def _plain_text_stays_alive(self, config: int) -> bool:
         """Whether no plain text (see `token_trie.is_plain_text`) leads from `config` to DEAD,
@@ -772,6 +776,22 @@ class CompiledGrammar:
             ends.add((current, matched))
         return {self._intern(current, matched) for current, matched in ends}
 
+    def _narrow_walk(self, config: int, trie: TokenTrie) -> list[int] | None:
+        """`_live_nodes` of a configuration that reads few bytes (`_NARROW_ROOT`) whose live
+        children of the root have few children to read (`_few_lookups`), walked depth-first
+        without numpy: a literal's mask is a handful of tokens, and a dozen array operations
+        would cost it more than its walk. None for other configurations. (No plain text
+        survives the first byte of such a configuration: its walk has no cuts.)"""
+        few = self._few_bytes[config]
+        if few is None:
+            return None
+        nodes, states = self._few_root_steps(config, few, trie)
+        child_start, child_end, _ = trie.lists
+        counts = [child_end[node] - child_start[node] for node in nodes]
+        if sum(counts) > _NARROW_FRONTIER and not self._few_lookups(states, counts):
+            return None
+        return nodes + self._walk_depth_first(trie, nodes, states)
+
     def _live_nodes(self, config: int, trie: TokenTrie,
                     cuts: list[tuple[np.ndarray, np.ndarray]] | None = None) -> np.ndarray:
         """Nodes of `trie` whose byte prefix `config` can consume (the root excluded); with
@@ -812,8 +832,11 @@ class CompiledGrammar:
                     live_nodes, live_states = live_nodes[keep], live_states[keep]
                     starts, counts = starts[keep], counts[keep]
                     total = int(counts.sum())
-            if total <= _NARROW_FRONTIER or self._few_lookups(live_states, counts):
-                found.append(self._walk_depth_first(trie, live_nodes.tolist(), live_states.tolist()))
+            if total <= _NARROW_FRONTIER or (
+                    len(live_states) <= _NARROW_FRONTIER // _FEW_CHILDREN
+                    and self._few_lookups(live_states.tolist(), counts.tolist())):
+                found.append(np.asarray(self._walk_depth_first(
+                    trie, live_nodes.tolist(), live_states.tolist()), dtype=np.int64))
                 break
             # Children of all live nodes, as one flat index array.
             children = _flat_ranges(starts, counts, total)
@@ -829,16 +852,30 @@ class CompiledGrammar:
             live_states = next_states[keep]
         return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
 
-    def _few_lookups(self, states: np.ndarray, counts: np.ndarray) -> bool:
+    def _few_lookups(self, states: list[int], counts: list[int]) -> bool:
         """Whether `_walk_depth_first` reads at most `_NARROW_FRONTIER` children on this
         level (of few nodes, in configurations that read few bytes: inside literals)."""
         if len(states) > _NARROW_FRONTIER // _FEW_CHILDREN:
             return False
         few_bytes, lookups = self._few_bytes, 0
-        for state, count in zip(states.tolist(), counts.tolist(), strict=True):
+        for state, count in zip(states, counts, strict=True):
             few = few_bytes[state]
             lookups += count if few is None else min(count, len(few) * _FEW_CHILDREN)
         return lookups <= _NARROW_FRONTIER
+
+    def _few_root_steps(self, config: int, few: tuple[int, ...], trie: TokenTrie
+                        ) -> tuple[list[int], list[int]]:
+        """The root's children for the bytes `few` that `config` reads alive, and where each
+        leads."""
+        nodes, states, first, step = [], [], trie.first_child, self._step
+        for byte in few:
+            node = first[byte]
+            if node >= 0:
+                nxt = step(config, byte)
+                if nxt != DEAD:
+                    nodes.append(node)
+                    states.append(nxt)
+        return nodes, states
 
     def _live_children_of_root(self, config: int, trie: TokenTrie) -> tuple[np.ndarray, np.ndarray]:
         """The first level of `_live_nodes`: the root's children are one range of the trie
@@ -846,14 +883,7 @@ class CompiledGrammar:
         when only a few bytes may be live (inside a literal, say), it is those bytes' steps."""
         few = self._few_bytes[config]
         if few is not None:
-            nodes, states, first, step = [], [], trie.first_child, self._step
-            for byte in few:
-                node = first[byte]
-                if node >= 0:
-                    nxt = step(config, byte)
-                    if nxt != DEAD:
-                        nodes.append(node)
-                        states.append(nxt)
+            nodes, states = self._few_root_steps(config, few, trie)
             return np.array(nodes, dtype=np.int64), np.array(states, dtype=np.int32)
         start, end = int(trie.child_start[0]), int(trie.child_end[0])
         child_bytes = trie.byte[start:end]
@@ -872,7 +902,7 @@ class CompiledGrammar:
         large object's properties) gets only the bytes the walk needs when they are few, as
         every other byte of its row would make a configuration no token reaches."""
         large = []
-        for config in np.unique(states).tolist():
+        for config in sorted(set(states.tolist())):  # (np.unique costs more on few states)
             if len(self._threads[config]) <= _ROW_THREADS:
                 self._row(config)
             else:
@@ -890,7 +920,7 @@ class CompiledGrammar:
                 for byte in (pairs[start : start + count] & 0xFF).tolist():
                     self._step(config, byte)
 
-    def _walk_depth_first(self, trie: TokenTrie, nodes: list[int], states: list[int]) -> np.ndarray:
+    def _walk_depth_first(self, trie: TokenTrie, nodes: list[int], states: list[int]) -> list[int]:
         """`_walk_levels` one node at a time. A configuration that reads only a few bytes
         looks them up among a node's many children instead of reading every child."""
         child_start, child_end, byte = trie.lists
@@ -920,7 +950,7 @@ class CompiledGrammar:
                 if nxt != DEAD:
                     live.append(child)
                     stack.append((child, nxt))
-        return np.asarray(live, dtype=np.int64)
+        return live
 
     def matcher(self) -> GrammarMatcher:
         return GrammarMatcher(self)

@@ -133,6 +133,25 @@ class TokenTrie:
         allowed[self.plain_tokens] = True
         return allowed
 
+    @functools.cached_property
+    def _token_lists(self) -> tuple[list[int], dict[int, list[int]]]:
+        """node_token as a list, and the further tokens of each node that has some."""
+        further: dict[int, list[int]] = {}
+        for node, token_id in zip(self.duplicate_node.tolist(), self.duplicate_token.tolist(),
+                                  strict=True):
+            further.setdefault(node, []).append(token_id)
+        return self.node_token.tolist(), further
+
+    def tokens_of(self, nodes: list[int]) -> list[int]:
+        """`tokens_at` for a few nodes, without numpy."""
+        node_token, further = self._token_lists
+        tokens = [node_token[node] for node in nodes if node_token[node] >= 0]
+        if further:
+            for node in nodes:
+                if node in further:
+                    tokens += further[node]
+        return tokens
+
     def tokens_at(self, nodes: np.ndarray) -> np.ndarray:
         """Ids of all tokens ending at `nodes`."""
         tokens = self.node_token[nodes]
@@ -180,13 +199,25 @@ class RunTrie:
     `lead[t]` is the length of token t's leading run (0 when it does not start with the
     class); `rests` is the trie of what follows the run in the tokens that start with one
     (tokens with the same rest share its node); `run_only` are the tokens made of the class
-    alone.
+    alone, by increasing length.
     """
 
     lead: np.ndarray  # int64 [vocab size]
     rests: TokenTrie
     run_only: np.ndarray  # int64
     count: int  # tokens with a leading run
+    longest_lead: int  # of the tokens in `rests`
+
+    def run_only_within(self, remaining: int) -> np.ndarray:
+        """The tokens made of at most `remaining` bytes of the class alone."""
+        return self.run_only[: self._run_only_counts[min(remaining, len(self._run_only_counts) - 1)]]
+
+    @functools.cached_property
+    def _run_only_counts(self) -> list[int]:
+        """Per run length, how many of `run_only` are at most that long."""
+        lengths = self.lead[self.run_only]
+        longest = int(lengths[-1]) if len(lengths) else 0
+        return np.searchsorted(lengths, np.arange(longest + 1), side="right").tolist()
 
 
 def run_trie(vocab: Vocabulary, table: bytes) -> RunTrie:
@@ -210,8 +241,10 @@ def run_trie(vocab: Vocabulary, table: bytes) -> RunTrie:
                 only.append(token_id)
             else:
                 rests[token_id] = data[run:]
+        only.sort(key=lambda token_id: lead[token_id])
+        with_rest = lead[[token_id for token_id, rest in enumerate(rests) if rest is not None]]
         trie = tries[key] = RunTrie(lead, build_token_trie(rests), np.asarray(only, dtype=np.int64),
-                                    int(np.count_nonzero(lead)))
+                                    int(np.count_nonzero(lead)), int(with_rest.max(initial=0)))
     return trie
 
 

@@ -60,10 +60,16 @@ def pack_bool_mask(allowed: np.ndarray, vocab_size: int | None = None) -> np.nda
 
 def pack_token_ids(token_ids: np.ndarray, vocab_size: int) -> np.ndarray:
     """The int32 bitmask words of a `vocab_size`-wide vocabulary with exactly the distinct ids
-    `token_ids` allowed: `pack_bool_mask` without a whole boolean vector (cheaper for a few
-    ids)."""
+    `token_ids` allowed: for fewer ids than words, `pack_bool_mask` without a whole boolean
+    vector (cheaper: a mask computed cold touches less memory)."""
     ids = np.asarray(token_ids, dtype=np.int64)
     count = bitmask_words(vocab_size)
+    if len(ids) > count:  # many ids: a boolean vector packs them faster
+        if ids.min() < 0 or ids.max() >= vocab_size:
+            raise ValueError(f"token ids must be in [0, {vocab_size})")
+        allowed = np.zeros(vocab_size, dtype=bool)
+        allowed[ids] = True
+        return pack_bool_mask(allowed, vocab_size)
     # The distinct bits of one word add up exactly in float64 (the weights bincount takes);
     # a negative id is bincount's error, one past the vocabulary shows in the last words.
     words = np.bincount(ids >> 5, weights=np.ldexp(1.0, ids & 31), minlength=count)

@@ -176,8 +176,9 @@ def test_packing_token_ids_sets_the_bits_of_the_same_vector(vocab_size: int) -> 
         packed = pack_token_ids(ids, vocab_size)
         assert packed.dtype == np.int32 and np.array_equal(packed, pack_bool_mask(allowed))
     for bad in (-1, vocab_size, vocab_size + 40):
-        with pytest.raises(ValueError):
-            pack_token_ids(np.array([bad]), vocab_size)
+        for others in (0, vocab_size // 3):  # either way of packing
+            with pytest.raises(ValueError):
+                pack_token_ids(np.append(np.arange(others), bad), vocab_size)
 
 
 def test_pack_layout_is_lsb_first() -> None:
