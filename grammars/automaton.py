@@ -50,6 +50,7 @@ _NARROW_FRONTIER = 48  # walk depth-first below a level with at most this many c
 _CUT_FRONTIER = 512  # a walk looks for plain-text regions on a level with at least this many children
 _PLAIN_SEARCH = 64  # configurations a search for plain text that dies may visit ...
 _LOOP_AHEAD_SEARCH = 8  # ... and one from where text leads on to a loop (see `_plain_depth`)
+_FRAME_SEARCH = 1024  # ... and one for the threads of one frame (see `_one_frame_survives`)
 _PLAIN_DEPTH = 32  # characters it looks ahead for one that dies, at most
 _PLAIN_DEPTH_USEFUL = 8  # fewer let walks cut nowhere: not worth searching UTF-8 sequences
 _PLAIN_ALWAYS = 32767  # its answer where none dies
@@ -202,6 +203,7 @@ class CompiledGrammar:
         self._special_next: dict[tuple[int, int], int] = {}
         self._closures: dict[tuple, int] = {}
         self._run_splits: dict[int, tuple[int, int, bytes, int] | None] = {}
+        self._frames_at_depth: dict[int, int] = {}  # see `_framed`
         self._leaves = self.program.leaves
         # Per instruction, the bytes a thread there reads; per configuration, the bytes that
         # may not lead to DEAD (those its threads read, and with spelled specials their first
@@ -513,7 +515,8 @@ class CompiledGrammar:
         narrow = self._narrow_walk(config, trie)
         if narrow is not None:  # inside a literal, most often
             tokens = trie.tokens_of(narrow)
-            return pack_token_ids(tokens + extra, self.vocab.size), len(tokens) == trie.token_count
+            return (pack_token_ids(list(set(extra).union(tokens)), self.vocab.size),
+                    len(tokens) == trie.token_count)
         if self._plain_text_stays_alive(config):
             # Plain-text tokens are all allowed: only walk the other tokens, which start
             # with most bytes (a whole row costs less than resolving them in the walk);
@@ -603,7 +606,7 @@ class CompiledGrammar:
         so that every plain token is allowed from it."""
         return self._plain_depth(config) == _PLAIN_ALWAYS
 
-    def _plain_depth(self, config: int) -> int:
+    def _plain_depth(self, config: int, search: int | None = None) -> int:
         """How many plain characters any plain text can read from `config` without dying (a
         lower bound, at most `_PLAIN_DEPTH`), `_PLAIN_ALWAYS` where no plain text dies: a walk
         allows every plain token below a node whose longest token after it is not longer
@@ -618,6 +621,8 @@ class CompiledGrammar:
         that may die, and one past `_PLAIN_SEARCH` configurations at that depth. Where a
         plain ASCII byte leads on to another configuration that loops on ASCII, a search
         past `_LOOP_AHEAD_SEARCH` gives up (0, not kept: other searches may cross it).
+        `search` sets a limit of configurations instead, for a search that never gives up
+        (`_one_frame_survives`).
         """
         known = int(self._plain_depths[config])
         if known >= 0:
@@ -625,13 +630,16 @@ class CompiledGrammar:
         after = self._after_plain_ascii(config)
         # Text that leads on to a configuration that loops on it gets a short search: a key
         # beside a pattern's keys (a few configurations) is decided by it; one beside the
-        # properties' names is not, and walks stop at the loop, at less cost than a search
-        # of every name.
-        short = after is not None and after != {config} and any(
+        # properties' names is not (but one frame of it may be), and walks stop at the loop,
+        # at less cost than a search of every name.
+        short = search is None and after is not None and after != {config} and any(
             self._after_plain_ascii(nxt) == {nxt} for nxt in after if nxt != config)
         if short and config in self._undecided:
             return 0
-        limit = _LOOP_AHEAD_SEARCH if short else _PLAIN_SEARCH
+        if short and self._one_frame_survives(config):
+            self._plain_depths[config] = _PLAIN_ALWAYS
+            return _PLAIN_ALWAYS
+        limit = search or (_LOOP_AHEAD_SEARCH if short else _PLAIN_SEARCH)
         dies, complete = self._ascii_look_ahead(config, _PLAIN_DEPTH_USEFUL, limit)
         if dies:
             self._plain_depths[config] = 0  # a lower bound: walks cut nowhere near it anyway
@@ -671,6 +679,66 @@ class CompiledGrammar:
         else:
             self._plain_depths[config] = depth
         return depth
+
+    def _one_frame_survives(self, config: int) -> bool:
+        """Whether the threads of `config` at or above one frame of their call stacks (a rule
+        call and what it calls), not all of them, survive all plain text by themselves (see
+        `_framed`): then `config` does too.
+
+        A key beside the properties' names is such a configuration: its "any other key"
+        threads are one rule's (the object's extra member, with the character rules it
+        calls), and plain text never kills them; the names' threads die soon. The search of
+        `_plain_depth` from the configuration itself visits every prefix of every name, at
+        each key; that of the extra member's threads is the same at every key of the
+        object, and made once."""
+        threads = self._threads[config]
+        if len(threads) < 2 or self._lexed:  # (held bytes live on where the input may end)
+            return False
+        parent, depth = self.runtime.stacks.parent, self.runtime.stacks.depth
+        accept_bits = self._accept_bits
+        covered: dict[int, int] = {}  # frame -> bytes its threads (at or above it) read
+        for pc, stack in threads:
+            bits = accept_bits[pc]
+            while stack:
+                covered[stack] = covered.get(stack, 0) | bits
+                stack = parent[stack]
+        wanted = self._plain_ascii_bits
+        frames = sorted((frame for frame, bits in covered.items() if not wanted & ~bits),
+                        key=depth.__getitem__, reverse=True)
+        for frame in frames:
+            framed = self._framed(threads, frame)
+            if framed is not None and self._plain_depth(framed, _FRAME_SEARCH) == _PLAIN_ALWAYS:
+                return True
+        return False
+
+    def _framed(self, threads: Threads, frame: int) -> int | None:
+        """The configuration of the `threads` at or above `frame`, with `frame` and the frames
+        below it replaced by as many that return to MATCH (the end of the input); None when
+        that is all of them. Up to their return from `frame` they read what they read on
+        their own stacks, and nothing after it: whatever plain text they survive, `threads`
+        survive too (and calls meet the depth limit at the same depth)."""
+        stacks = self.runtime.stacks
+        parent, depth, ret = stacks.parent, stacks.depth, stacks.ret
+        level = depth[frame]
+        base = self._frames_at_depth.get(level)
+        if base is None:
+            end = self.program.aux[self.program.start]  # the MATCH after the start rule's call
+            base = 0
+            for _ in range(level):
+                base = stacks.push(end, base)
+            self._frames_at_depth[level] = base
+        moved = []
+        for pc, stack in threads:
+            above = []
+            while depth[stack] > level:
+                above.append(ret[stack])
+                stack = parent[stack]
+            if stack == frame:
+                stack = base
+                for address in reversed(above):
+                    stack = stacks.push(address, stack)
+                moved.append((pc, stack))
+        return None if len(moved) == len(threads) else self._intern(tuple(moved), False)
 
     def _ascii_look_ahead(self, config: int, characters: int, limit: int) -> tuple[bool, bool]:
         """(whether some plain ASCII text of at most `characters` bytes leads `config` to DEAD,

@@ -15,6 +15,7 @@ from vocabularies import smollm2, smollm2_tokenizer
 
 from pegmask.grammars import Grammar
 from pegmask.grammars.automaton import (
+    _PLAIN_ALWAYS,
     CompiledGrammar,
     GrammarCompiler,
     _bits,
@@ -423,6 +424,30 @@ def test_whitespace_runs_beside_a_sign_or_from_several_calls_are_read_whole(text
     for byte in text.encode():
         state = compiled.next_state(state, byte)
     assert compiled._run_split(state) is not None
+    assert_masks_exact_along(compiled, text)
+
+
+def test_keys_beside_the_names_are_decided_by_the_extra_member_once():
+    """At a key of an object that allows other keys, the threads of its extra member (any key
+    but the names) survive all plain text on their own: that frame decides that every plain
+    token may follow, and its search is made once for all the object's keys, where each key
+    had searched every prefix of every name and given up. The masks stay exact."""
+    names = ["browser", "platform", "mobile", "location", "device"]
+    compiled = compile_grammar(Grammar.from_json_schema({
+        "type": "object", "properties": {name: {"type": "string"} for name in names},
+    }), smollm2())
+    text = '{"browser": "x", "mobile": "y", "loc'
+    data, state, made = text.encode(), compiled.initial_state, []
+    for end in range(1, len(data) + 1):
+        state = compiled.next_state(state, data[end - 1])
+        if data[:end].endswith((b'{"', b', "')):
+            before = compiled.state_count
+            assert compiled._plain_depth(state) == _PLAIN_ALWAYS
+            made.append(compiled.state_count - before)
+    # The first key searches every prefix of the extra member's names; the others only
+    # step once per first letter of a name (to see that plain text loops on).
+    assert len(made) == 3
+    assert made[0] > sum(map(len, names)) and max(made[1:]) <= 2 * len(names), made
     assert_masks_exact_along(compiled, text)
 
 
