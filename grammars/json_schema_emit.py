@@ -272,12 +272,16 @@ class Emitter:
         return None if chars is None else encode_node(chars, self.encode_class)
 
     def encode_class(self, ranges: tuple[tuple[int, int], ...]) -> Node | None:
-        """One character of a class: the shared any-character rule, or a rule per big class."""
+        """One character of a class: the shared any-character rule, or a rule per big class
+        (`share`). One of printable ASCII and a shared rule, which `share` keeps inline, skips
+        its size estimate: a key beside the names has such a class per prefix of a name."""
         if ranges == ALL:
             return self.char()
         if ranges not in self._classes:
             node = encode_ranges(ranges, self.not_plain())
-            self._classes[ranges] = None if node is None else self.share(node)
+            small = isinstance(node, Choice) and all(
+                isinstance(alt, (CharClass, Ref)) for alt in node.alts)
+            self._classes[ranges] = node if node is None or small else self.share(node)
         return self._classes[ranges]
 
     # ----------------------------------------------------------------- numbers
