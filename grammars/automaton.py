@@ -703,13 +703,13 @@ class CompiledGrammar:
                 covered[stack] = covered.get(stack, 0) | bits
                 stack = parent[stack]
         wanted = self._plain_ascii_bits
-        frames = sorted((frame for frame, bits in covered.items() if not wanted & ~bits),
-                        key=depth.__getitem__, reverse=True)
-        for frame in frames:
-            framed = self._framed(threads, frame)
-            if framed is not None and self._plain_depth(framed, _FRAME_SEARCH) == _PLAIN_ALWAYS:
-                return True
-        return False
+        frames = [frame for frame, bits in covered.items() if not wanted & ~bits]
+        if not frames:
+            return False
+        # The deepest such frame only: the frames below it hold more threads, and searching
+        # each of them too multiplied the searches where names are many (hundreds of rules).
+        framed = self._framed(threads, max(frames, key=depth.__getitem__))
+        return framed is not None and self._plain_depth(framed, _FRAME_SEARCH) == _PLAIN_ALWAYS
 
     def _framed(self, threads: Threads, frame: int) -> int | None:
         """The configuration of the `threads` at or above `frame`, with `frame` and the frames
