@@ -681,9 +681,10 @@ class CompiledGrammar:
         return depth
 
     def _one_frame_survives(self, config: int) -> bool:
-        """Whether the threads of `config` at or above one frame of their call stacks (a rule
-        call and what it calls), not all of them, survive all plain text by themselves (see
-        `_framed`): then `config` does too.
+        """Whether the threads of `config` at or above the deepest frame of their call stacks
+        (a rule call and what it calls) whose threads read every plain ASCII byte, when not
+        all of them, survive all plain text by themselves (see `_framed`): then `config`
+        does too.
 
         A key beside the properties' names is such a configuration: its "any other key"
         threads are one rule's (the object's extra member, with the character rules it
