@@ -854,7 +854,7 @@ class CompiledGrammar:
         few = self._few_bytes[config]
         if few is None:
             return None
-        nodes, states = self._few_root_steps(config, few, trie)
+        nodes, states = self._few_root_steps(config, few, trie)  # at most `_NARROW_ROOT`
         child_start, child_end, _ = trie.lists
         counts = [child_end[node] - child_start[node] for node in nodes]
         if sum(counts) > _NARROW_FRONTIER and not self._few_lookups(states, counts):
@@ -901,7 +901,7 @@ class CompiledGrammar:
                     live_nodes, live_states = live_nodes[keep], live_states[keep]
                     starts, counts = starts[keep], counts[keep]
                     total = int(counts.sum())
-            if total <= _NARROW_FRONTIER or (
+            if total <= _NARROW_FRONTIER or (  # (the length first: no lists of a wide level)
                     len(live_states) <= _NARROW_FRONTIER // _FEW_CHILDREN
                     and self._few_lookups(live_states.tolist(), counts.tolist())):
                 found.append(np.asarray(self._walk_depth_first(
@@ -923,9 +923,8 @@ class CompiledGrammar:
 
     def _few_lookups(self, states: list[int], counts: list[int]) -> bool:
         """Whether `_walk_depth_first` reads at most `_NARROW_FRONTIER` children on this
-        level (of few nodes, in configurations that read few bytes: inside literals)."""
-        if len(states) > _NARROW_FRONTIER // _FEW_CHILDREN:
-            return False
+        level of at most `_NARROW_FRONTIER // _FEW_CHILDREN` nodes (few nodes, in
+        configurations that read few bytes: inside literals)."""
         few_bytes, lookups = self._few_bytes, 0
         for state, count in zip(states, counts, strict=True):
             few = few_bytes[state]
