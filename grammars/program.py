@@ -478,11 +478,17 @@ class _Compiler:
         if isinstance(node, Seq):
             if not node.items:
                 return [self.emit(JUMP)]
-            exits = self.node(node.items[0])
-            for item in node.items[1:]:
-                here = len(self.kind)
-                self.link(exits, here)
-                exits = self.node(item)
+            exits: list[int] = []
+            items, i = node.items, 0
+            while i < len(items):
+                self.link(exits, len(self.kind))
+                separator = _separator(items[i], items[i + 1]) if i + 1 < len(items) else None
+                if separator is not None:
+                    exits = self.separated(items[i], separator)
+                    i += 2
+                else:
+                    exits = self.node(items[i])
+                    i += 1
             return exits
         if isinstance(node, Choice):
             if not node.alts:  # the empty union: an instruction that accepts no byte
@@ -596,6 +602,21 @@ class _Compiler:
                 self.run_skips[body] = (count - done, skip)
         return exits + optional_exits
 
+    def separated(self, item: Node, separator: Node) -> list[int]:
+        """`item (separator item)*` with one copy of `item`, which the separator jumps back
+        to: the items of a JSON array run on the same instructions, so the automaton's
+        configurations inside the second item are those of the first (two copies would make
+        each of them twice)."""
+        start = len(self.kind)
+        item_exits = self.node(item)
+        split = self.emit(SPLIT)
+        self.link(item_exits, split)
+        body = len(self.kind)
+        self.link(self.node(separator), start)
+        done = self.emit(JUMP)
+        self.targets[split] = (body, done)  # another item first, as the loop would
+        return [done]
+
     def until(self, node: Until) -> list[int]:
         delta, forbidden = until_automaton(node.stops)
         entry = self.emit(JUMP)
@@ -618,6 +639,18 @@ class _Compiler:
         for pc, branches in zip(state_pc, branches_of, strict=False):
             self.targets[pc] = (*branches, exit_pc)
         return [exit_pc]
+
+
+def _separator(item: Node, following: Node) -> Node | None:
+    """`sep` where `following` is `(sep item)*` after `item` (the same node, or a reference
+    to the same rule, after a separator, any number of times); None otherwise."""
+    if not (isinstance(following, Repeat) and following.min == 0 and following.max is None
+            and isinstance(following.item, Seq) and len(following.item.items) > 1):
+        return None
+    *separator, last = following.item.items
+    if not (last is item or (isinstance(item, Ref) and last == item)):
+        return None
+    return separator[0] if len(separator) == 1 else Seq(tuple(separator))
 
 
 def _to_ranges(values: list[int]) -> list[tuple[int, int]]:

@@ -749,9 +749,12 @@ def test_plain_characters_followed_on_threads_agree_with_transitions():
     vocab = smollm2()
     free_text = compile_grammar(Grammar.from_peg(CHAT), vocab)
     file_name = compile_grammar(Grammar.from_json_schema(SAFE_CASES["a file name pattern"][0]), vocab)
+    # A character that returns from its rule's frame: not moved on a stack of MATCH returns.
+    one_char = compile_grammar(Grammar.from_peg('root = "a" ch ch* "b"\nch = [^"\\\x00-\x1f]'), vocab)
     cases = ((weather_compiled(), weather_texts()),
              (free_text, [b'Gr\xc3\xbc\xc3\x9fe <tool_call>\n{"a": "\xe6\x9d\xb1"}']),
-             (file_name, [b'"a.cs.tsv"']))
+             (file_name, [b'"a.cs.tsv"']),
+             (one_char, [b'a\xc3\xbc\xe6\x9d\xb1xb']))
     for compiled, texts in cases:
         decided = moving = 0
         for text in texts:
@@ -768,6 +771,50 @@ def test_plain_characters_followed_on_threads_agree_with_transitions():
                 decided += 1
                 moving += reached != {state}
         assert decided and moving
+    assert False in one_char._multibyte_rooted.values()
+    assert any(isinstance(ends, tuple) for ends in weather_compiled()._multibyte_rooted.values())
+
+
+def test_characters_of_a_string_are_followed_once_for_its_call_sites():
+    """Where plain non-ASCII characters lead inside a string is found once for the string's
+    call sites at one depth (on a stack whose frames return to MATCH) and put back on each
+    site's stack: the second string property's value reuses the first's."""
+    compiled = compile_grammar(Grammar.from_json_schema({
+        "type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "string"}},
+        "required": ["a", "b"], "additionalProperties": False,
+    }), smollm2())
+
+    def inside(text: str) -> int:
+        state = compiled.initial_state
+        for byte in text.encode():
+            state = compiled.next_state(state, byte)
+        return state
+
+    first, second = inside('{"a": "x'), inside('{"a": "x", "b": "y')
+    assert first != second
+    assert compiled._threads_after_multibyte(first) == {first}
+    known = dict(compiled._multibyte_rooted)
+    assert compiled._threads_after_multibyte(second) == {second}
+    assert compiled._multibyte_rooted == known
+    assert_masks_exact_along(compiled, '{"a": "\u00fcx", "b": "\u6771y"}')
+
+
+def test_the_items_of_an_array_run_on_one_copy_of_the_item():
+    """`item (separator item)*` is compiled with one copy of the item: inside the second
+    item of an array the configurations are those of the first."""
+    compiled = compile_grammar(Grammar.from_json_schema({"type": "array", "items": {"type": "string"}}),
+                               smollm2())
+
+    def inside(text: str) -> int:
+        state = compiled.initial_state
+        for byte in text.encode():
+            state = compiled.next_state(state, byte)
+        return state
+
+    assert inside('["ab') == inside('["ab", "cd') == inside('["ab", "cd",\n"e')
+    assert inside('["ab"') == inside('["ab", "cd"')
+    assert Grammar.from_json_schema({"type": "array", "items": {"type": "string"}}).parse(
+        '["a", "b"]') is not None
 
 
 def test_mask_cache_keeps_the_recently_used_masks_within_its_bound():
