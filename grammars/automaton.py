@@ -203,8 +203,8 @@ class CompiledGrammar:
         self._special_next: dict[tuple[int, int], int] = {}
         self._closures: dict[tuple, int] = {}
         self._run_splits: dict[int, tuple[int, int, bytes, int] | None] = {}
-        self._frames_at_depth: dict[int, int] = {}  # see `_matching_stack`
-        self._multibyte_rooted: dict[tuple[tuple[int, ...], int], Any] = {}  # see `_threads_after_multibyte`
+        self._frames_at_depth: dict[int, int] = {}  # see `_framed`
+        self._multibyte_pcs: dict[int, tuple[tuple[int, ...], ...] | None] = {}
         self._leaves = self.program.leaves
         # Per instruction, the bytes a thread there reads; per configuration, the bytes that
         # may not lead to DEAD (those its threads read, and with spelled specials their first
@@ -722,7 +722,13 @@ class CompiledGrammar:
         stacks = self.runtime.stacks
         parent, depth, ret = stacks.parent, stacks.depth, stacks.ret
         level = depth[frame]
-        base = self._matching_stack(level)
+        base = self._frames_at_depth.get(level)
+        if base is None:
+            end = self.program.aux[self.program.start]  # the MATCH after the start rule's call
+            base = 0
+            for _ in range(level):
+                base = stacks.push(end, base)
+            self._frames_at_depth[level] = base
         moved = []
         for pc, stack in threads:
             above = []
@@ -735,20 +741,6 @@ class CompiledGrammar:
                     stack = stacks.push(address, stack)
                 moved.append((pc, stack))
         return None if len(moved) == len(threads) else self._intern(tuple(moved), False)
-
-    def _matching_stack(self, level: int) -> int:
-        """A call stack of `level` frames that each return to MATCH (the end of the input):
-        threads moved onto it read what they read on their own stack of that depth until
-        they return from it."""
-        base = self._frames_at_depth.get(level)
-        if base is None:
-            stacks = self.runtime.stacks
-            end = self.program.aux[self.program.start]  # the MATCH after the start rule's call
-            base = 0
-            for _ in range(level):
-                base = stacks.push(end, base)
-            self._frames_at_depth[level] = base
-        return base
 
     def _ascii_look_ahead(self, config: int, characters: int, limit: int) -> tuple[bool, bool]:
         """(whether some plain ASCII text of at most `characters` bytes leads `config` to DEAD,
@@ -824,79 +816,68 @@ class CompiledGrammar:
         would make a dozen). None when that cannot decide: a thread accepts part of a range,
         or a byte may start a spelled special.
 
-        Threads on one call stack (inside a string, those of its character rule) are moved
-        once per their instructions and the stack's depth, on `_matching_stack`, and their
-        ends put back on their stack: a string's characters read the same at every call site
-        of the string. Not where a character returns from that stack (a thread reached
-        MATCH there): then on their own stack, each time."""
+        Where the bytes of a character are read by instructions that lead to one another (a
+        character class), the threads are followed to the end of each sequence by
+        `_multibyte_targets`, and only there closed on their stacks."""
         if self._multibyte_spelled:
             return None
         bits = self._accept_bits
         # Only threads that read some byte past ASCII take part (most threads of a large
         # object's keys read only letters).
         threads = tuple([thread for thread in self._threads[config] if bits[thread[0]] >> 0x80])
-        stack = threads[0][1] if threads else 0
-        if stack and all(thread[1] == stack for thread in threads):
-            rooted = self._rooted_multibyte_ends(tuple([pc for pc, _ in threads]), stack)
-            if rooted is not False:
-                if rooted is None:
-                    return None
-                push = self.runtime.stacks.push
-                found = set()
-                for ends in rooted:
-                    moved = []
-                    for pc, above in ends:
-                        on = stack
-                        for address in above:
-                            on = push(address, on)
-                        moved.append((pc, on))
-                    found.add(self._intern(tuple(moved), False))
-                return found
-        ends = self._multibyte_ends(threads)
-        return None if ends is None else {self._intern(*end) for end in ends[0]}
+        targets = [self._multibyte_targets(pc) for pc, _ in threads]
+        if None in targets:
+            return self._threads_after_multibyte_stepwise(threads)
+        found = set()
+        for sequence in range(len(PLAIN_MULTIBYTE)):
+            seeds = tuple([(target, stack) for (_, stack), ends in zip(threads, targets, strict=True)
+                           for target in ends[sequence]])
+            if not seeds:
+                return {DEAD}
+            found.add(self._intern_closure(seeds))
+        return found
 
-    def _rooted_multibyte_ends(self, pcs: tuple[int, ...], stack: int
-                               ) -> tuple[tuple[tuple[int, tuple[int, ...]], ...], ...] | bool | None:
-        """`_multibyte_ends` of threads at `pcs` on one stack of `stack`'s depth, found on
-        `_matching_stack` and memoized: per end, its threads as (pc, the return addresses
-        pushed above that stack, outermost first); None where it cannot decide, False where
-        a thread returns from the stack (its ends depend on it)."""
-        depth = self.runtime.stacks.depth[stack]
-        key = (pcs, depth)
-        rooted = self._multibyte_rooted.get(key, True)
-        if rooted is not True:
-            return rooted
-        base = self._matching_stack(depth)
-        found = self._multibyte_ends(tuple([(pc, base) for pc in pcs]))
-        if found is None or found[1]:
-            rooted = None if found is None else False
-        else:
-            # (Below that stack a thread returns to MATCH: every stack here is above it.)
-            stacks = self.runtime.stacks
-            ends = []
-            for threads, _ in found[0]:
-                moved = []
-                for pc, on in threads:
-                    above = []
-                    while stacks.depth[on] > depth:
-                        above.append(stacks.ret[on])
-                        on = stacks.parent[on]
-                    moved.append((pc, tuple(reversed(above))))
-                ends.append(tuple(moved))
-            rooted = tuple(ends)
-        self._multibyte_rooted[key] = rooted
-        return rooted
+    def _multibyte_targets(self, pc: int) -> tuple[tuple[int, ...], ...] | None:
+        """Per plain UTF-8 sequence, the instructions that a thread waiting at `pc` goes to
+        after the sequence's last byte, where each of its other bytes leads to instructions
+        that wait for the next one (with no call or return between them: the same on every
+        stack, so found once per instruction); None where one does not, or where one
+        accepts part of a byte range (see `_threads_after_multibyte_stepwise`)."""
+        if pc in self._multibyte_pcs:
+            return self._multibyte_pcs[pc]
+        bits, arg, leaves, parks = self._accept_bits, self.program.arg, self._leaves, self.program.parks
+        found: list[tuple[int, ...]] | None = []
+        for sequence in PLAIN_MULTIBYTE:
+            current: tuple[int, ...] = (pc,)
+            for index, (lo, hi) in enumerate(sequence):
+                span = ((1 << (hi - lo + 1)) - 1) << lo
+                reached: dict[int, None] = {}
+                for at in current:
+                    for leaf in leaves[at]:
+                        accepted = bits[leaf] & span
+                        if accepted == span:
+                            reached[arg[leaf]] = None
+                        elif accepted:
+                            found = None
+                current = tuple(reached)
+                if found is None or (index + 1 < len(sequence)
+                                     and not all(parks[at] for at in current)):
+                    found = None
+                    break
+            if found is None:
+                break
+            found.append(current)
+        result = None if found is None else tuple(found)
+        self._multibyte_pcs[pc] = result
+        return result
 
-    def _multibyte_ends(self, threads: Threads) -> tuple[set[tuple[Threads, bool]], bool] | None:
-        """(the threads and MATCH flag that each plain UTF-8 sequence leads `threads` to (only
-        ((), False) where a character dies), whether some path reached MATCH inside or at
-        the end of a character); None where a thread accepts part of a range."""
+    def _threads_after_multibyte_stepwise(self, threads: Threads) -> set[int] | None:
+        """`_threads_after_multibyte` by closures after every byte range."""
         bits, arg, leaves = self._accept_bits, self.program.arg, self._leaves
         # By thread set and range: sequences whose lead bytes lead to the same instruction
         # (the compiler shares continuations) share the steps after it.
         moved: dict[tuple, tuple[Threads, bool]] = {}
         ends: set[tuple[Threads, bool]] = set()
-        reached_match = False
         for sequence in PLAIN_MULTIBYTE:
             current, matched = threads, False
             for lo, hi in sequence:
@@ -912,12 +893,11 @@ class CompiledGrammar:
                             elif accepted:
                                 return None
                     if not seeds:
-                        return {((), False)}, reached_match
+                        return {DEAD}
                     known = moved[current, lo, hi] = self.runtime.reach(tuple(seeds))
                 current, matched = known
-                reached_match = reached_match or matched
             ends.add((current, matched))
-        return ends, reached_match
+        return {self._intern(current, matched) for current, matched in ends}
 
     def _narrow_walk(self, config: int, trie: TokenTrie) -> list[int] | None:
         """`_live_nodes` of a configuration that reads few bytes (`_NARROW_ROOT`) whose live

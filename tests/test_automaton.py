@@ -749,7 +749,7 @@ def test_plain_characters_followed_on_threads_agree_with_transitions():
     vocab = smollm2()
     free_text = compile_grammar(Grammar.from_peg(CHAT), vocab)
     file_name = compile_grammar(Grammar.from_json_schema(SAFE_CASES["a file name pattern"][0]), vocab)
-    # A character that returns from its rule's frame: not moved on a stack of MATCH returns.
+    # A character that returns from its rule's frame after its last byte.
     one_char = compile_grammar(Grammar.from_peg('root = "a" ch ch* "b"\nch = [^"\\\x00-\x1f]'), vocab)
     cases = ((weather_compiled(), weather_texts()),
              (free_text, [b'Gr\xc3\xbc\xc3\x9fe <tool_call>\n{"a": "\xe6\x9d\xb1"}']),
@@ -771,14 +771,15 @@ def test_plain_characters_followed_on_threads_agree_with_transitions():
                 decided += 1
                 moving += reached != {state}
         assert decided and moving
-    assert False in one_char._multibyte_rooted.values()
-    assert any(isinstance(ends, tuple) for ends in weather_compiled()._multibyte_rooted.values())
+    for compiled in (weather_compiled(), one_char):
+        assert any(ends is not None for ends in compiled._multibyte_pcs.values())
 
 
 def test_characters_of_a_string_are_followed_once_for_its_call_sites():
-    """Where plain non-ASCII characters lead inside a string is found once for the string's
-    call sites at one depth (on a stack whose frames return to MATCH) and put back on each
-    site's stack: the second string property's value reuses the first's."""
+    """Inside a string, where the bytes of a plain non-ASCII character lead is found once
+    per instruction, on no stack (they wait for one another, with no call or return between
+    them); only the end of each character is closed on the call site's stack: the second
+    string property's value reuses what the first found."""
     compiled = compile_grammar(Grammar.from_json_schema({
         "type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "string"}},
         "required": ["a", "b"], "additionalProperties": False,
@@ -793,9 +794,10 @@ def test_characters_of_a_string_are_followed_once_for_its_call_sites():
     first, second = inside('{"a": "x'), inside('{"a": "x", "b": "y')
     assert first != second
     assert compiled._threads_after_multibyte(first) == {first}
-    known = dict(compiled._multibyte_rooted)
+    known = dict(compiled._multibyte_pcs)
+    assert known and None not in known.values()
     assert compiled._threads_after_multibyte(second) == {second}
-    assert compiled._multibyte_rooted == known
+    assert compiled._multibyte_pcs == known
     assert_masks_exact_along(compiled, '{"a": "\u00fcx", "b": "\u6771y"}')
 
 
