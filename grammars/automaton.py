@@ -204,7 +204,7 @@ class CompiledGrammar:
         self._closures: dict[tuple, int] = {}
         self._run_splits: dict[int, tuple[int, int, bytes, int] | None] = {}
         self._frames_at_depth: dict[int, int] = {}  # see `_framed`
-        self._multibyte_pcs: dict[int, tuple[tuple[int, ...], ...] | None] = {}
+        self._multibyte_pcs: dict[int, tuple[tuple[int, ...], ...] | None] = {}  # see `_multibyte_targets`
         self._leaves = self.program.leaves
         # Per instruction, the bytes a thread there reads; per configuration, the bytes that
         # may not lead to DEAD (those its threads read, and with spelled specials their first
@@ -845,20 +845,18 @@ class CompiledGrammar:
         accepts part of a byte range (see `_threads_after_multibyte_stepwise`)."""
         if pc in self._multibyte_pcs:
             return self._multibyte_pcs[pc]
-        bits, arg, leaves, parks = self._accept_bits, self.program.arg, self._leaves, self.program.parks
+        parks = self.program.parks
         found: list[tuple[int, ...]] | None = []
         for sequence in PLAIN_MULTIBYTE:
             current: tuple[int, ...] = (pc,)
             for index, (lo, hi) in enumerate(sequence):
-                span = ((1 << (hi - lo + 1)) - 1) << lo
                 reached: dict[int, None] = {}
                 for at in current:
-                    for leaf in leaves[at]:
-                        accepted = bits[leaf] & span
-                        if accepted == span:
-                            reached[arg[leaf]] = None
-                        elif accepted:
-                            found = None
+                    targets = self._range_targets(at, lo, hi)
+                    if targets is None:
+                        found = None
+                        break
+                    reached.update(dict.fromkeys(targets))
                 current = tuple(reached)
                 if found is None or (index + 1 < len(sequence)
                                      and not all(parks[at] for at in current)):
@@ -871,9 +869,21 @@ class CompiledGrammar:
         self._multibyte_pcs[pc] = result
         return result
 
+    def _range_targets(self, pc: int, lo: int, hi: int) -> list[int] | None:
+        """Where a thread waiting at `pc` goes on any byte from `lo` to `hi` (the instructions
+        after its BYTEs that accept all of them); None where one accepts only some."""
+        bits, arg, span = self._accept_bits, self.program.arg, ((1 << (hi - lo + 1)) - 1) << lo
+        targets = []
+        for leaf in self._leaves[pc]:
+            accepted = bits[leaf] & span
+            if accepted == span:
+                targets.append(arg[leaf])
+            elif accepted:
+                return None
+        return targets
+
     def _threads_after_multibyte_stepwise(self, threads: Threads) -> set[int] | None:
         """`_threads_after_multibyte` by closures after every byte range."""
-        bits, arg, leaves = self._accept_bits, self.program.arg, self._leaves
         # By thread set and range: sequences whose lead bytes lead to the same instruction
         # (the compiler shares continuations) share the steps after it.
         moved: dict[tuple, tuple[Threads, bool]] = {}
@@ -883,15 +893,12 @@ class CompiledGrammar:
             for lo, hi in sequence:
                 known = moved.get((current, lo, hi))
                 if known is None:
-                    span = ((1 << (hi - lo + 1)) - 1) << lo
                     seeds = []
                     for pc, stack in current:
-                        for leaf in leaves[pc]:
-                            accepted = bits[leaf] & span
-                            if accepted == span:
-                                seeds.append((arg[leaf], stack))
-                            elif accepted:
-                                return None
+                        targets = self._range_targets(pc, lo, hi)
+                        if targets is None:
+                            return None
+                        seeds += [(target, stack) for target in targets]
                     if not seeds:
                         return {DEAD}
                     known = moved[current, lo, hi] = self.runtime.reach(tuple(seeds))

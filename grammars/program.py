@@ -41,6 +41,7 @@ from pegmask.grammars.ir import (
     Trigger,
     Until,
     children,
+    seq,
 )
 
 BYTE, SPECIAL, SPLIT, JUMP, CALL, RET, OPEN, CLOSE, MATCH = range(9)
@@ -534,11 +535,11 @@ class _Compiler:
         # Group single-byte sequences into one instruction; multi-byte ones as a choice, one
         # branch per continuation (E1-EC and EE-EF, say, lead to the same two bytes), so that
         # a configuration inside text waits on as few threads as there are continuations.
-        singles = [seq[0] for seq in sequences if len(seq) == 1]
+        singles = [sequence[0] for sequence in sequences if len(sequence) == 1]
         tails: dict[tuple[tuple[int, int], ...], list[tuple[int, int]]] = {}
-        for seq in sequences:
-            if len(seq) > 1:
-                tails.setdefault(tuple(seq[1:]), []).append(seq[0])
+        for sequence in sequences:
+            if len(sequence) > 1:
+                tails.setdefault(tuple(sequence[1:]), []).append(sequence[0])
         if not tails:
             return [self.byte_instr(singles)]
         split = self.emit(SPLIT)
@@ -650,7 +651,7 @@ def _separator(item: Node, following: Node) -> Node | None:
     *separator, last = following.item.items
     if not (last is item or (isinstance(item, Ref) and last == item)):
         return None
-    return separator[0] if len(separator) == 1 else Seq(tuple(separator))
+    return seq(*separator)
 
 
 def _to_ranges(values: list[int]) -> list[tuple[int, int]]:
