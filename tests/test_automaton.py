@@ -327,6 +327,14 @@ def assert_mask_is_exact(compiled, state) -> None:
     assert not len(wrong), [(compiled.vocab.token_bytes[t], bool(bits[t])) for t in wrong[:5]]
 
 
+def state_after(compiled, text: str) -> int:
+    """The configuration after the bytes of `text`, one byte at a time."""
+    state = compiled.initial_state
+    for byte in text.encode():
+        state = compiled.next_state(state, byte)
+    return state
+
+
 def assert_masks_exact_along(compiled, text: str) -> None:
     """`assert_mask_is_exact` in every configuration that `text` passes, each mask computed
     afresh."""
@@ -785,13 +793,7 @@ def test_characters_of_a_string_are_followed_once_for_its_call_sites():
         "required": ["a", "b"], "additionalProperties": False,
     }), smollm2())
 
-    def inside(text: str) -> int:
-        state = compiled.initial_state
-        for byte in text.encode():
-            state = compiled.next_state(state, byte)
-        return state
-
-    first, second = inside('{"a": "x'), inside('{"a": "x", "b": "y')
+    first, second = state_after(compiled, '{"a": "x'), state_after(compiled, '{"a": "x", "b": "y')
     assert first != second
     assert compiled._threads_after_multibyte(first) == {first}
     known = dict(compiled._multibyte_pcs)
@@ -807,14 +809,9 @@ def test_the_items_of_an_array_run_on_one_copy_of_the_item():
     compiled = compile_grammar(Grammar.from_json_schema({"type": "array", "items": {"type": "string"}}),
                                smollm2())
 
-    def inside(text: str) -> int:
-        state = compiled.initial_state
-        for byte in text.encode():
-            state = compiled.next_state(state, byte)
-        return state
-
-    assert inside('["ab') == inside('["ab", "cd') == inside('["ab", "cd",\n"e')
-    assert inside('["ab"') == inside('["ab", "cd"')
+    assert (state_after(compiled, '["ab') == state_after(compiled, '["ab", "cd')
+            == state_after(compiled, '["ab", "cd",\n"e'))
+    assert state_after(compiled, '["ab"') == state_after(compiled, '["ab", "cd"')
     assert Grammar.from_json_schema({"type": "array", "items": {"type": "string"}}).parse(
         '["a", "b"]') is not None
 
