@@ -1002,10 +1002,15 @@ def main(argv: list[str] | None = None) -> None:
         SETTINGS,
         *sections,
     ]) + "\n"
+    publish(report, args.out)
+
+
+def publish(report: str, out: Path | None) -> None:
+    """Print a markdown report, and write it to `out` as well when given."""
     print(report)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(report)
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(report)
 
 
 if __name__ == "__main__":
