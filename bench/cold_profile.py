@@ -98,6 +98,7 @@ class Recorder:
 
     def computed(self, compiled: CompiledGrammar, config: int,
                  compute: Callable[[], Any]) -> Any:
+        """`compute()` (the original `cached_mask`), recorded when it computes the mask."""
         if config in compiled._masks:
             return compute()
         frame = _Frame(time.perf_counter(), len(compiled._threads))
