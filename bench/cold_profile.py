@@ -20,7 +20,7 @@ The kinds are told apart by wrapping private methods of `CompiledGrammar` during
 diagnostic, like a profiler): times include the wrappers' overhead, a few percent, and come
 from one run on a shared machine (compare kinds within a report, not across reports).
 
-    python -m pegmask.bench.cold_profile [--vocab smollm2|deepseek] [--schemas 50]
+    python -m pegmask.bench.cold_profile [--vocab smollm2|deepseek|both] [--schemas 50]
         [--out bench/results/cold_profile.md]
 """
 
@@ -55,13 +55,17 @@ from pegmask.grammars.grammar import Grammar
 from pegmask.grammars.vocab import Vocabulary
 from pegmask.kernels.bitmask import allocate_token_bitmask
 
-KINDS = ("run", "literal", "text", "walk")
 KIND_NAMES = {
     "run": "whitespace run (`_run_mask`)",
     "literal": "few bytes (`_narrow_walk`)",
     "text": "plain text alive (`_plain_text_stays_alive`)",
     "walk": "other walks of the trie",
 }
+KINDS = tuple(KIND_NAMES)
+# The methods of `CompiledGrammar` whose answer (other than None or False) decides a mask's
+# kind, tried in this order by `cached_mask`; a mask none of them decides is a "walk".
+DECISIONS = {"_run_split": "run", "_narrow_walk": "literal", "_plain_text_stays_alive": "text"}
+WRAPPED = ("cached_mask", *DECISIONS)  # what `recording` replaces while it runs
 
 
 @dataclass
@@ -129,8 +133,7 @@ class Recorder:
 def recording(recorder: Recorder) -> Iterator[None]:
     """Wrap `CompiledGrammar`'s mask entry point and the decisions that tell the kinds apart,
     restoring them afterwards."""
-    originals = {name: getattr(CompiledGrammar, name) for name in
-                 ("cached_mask", "_run_split", "_narrow_walk", "_plain_text_stays_alive")}
+    originals = {name: getattr(CompiledGrammar, name) for name in WRAPPED}
 
     def cached_mask(self: CompiledGrammar, config: int) -> Any:
         return recorder.computed(self, config, lambda: originals["cached_mask"](self, config))
@@ -144,10 +147,8 @@ def recording(recorder: Recorder) -> Iterator[None]:
         return wrapper
 
     CompiledGrammar.cached_mask = cached_mask  # type: ignore[method-assign]
-    CompiledGrammar._run_split = deciding("_run_split", "run")  # type: ignore[method-assign]
-    CompiledGrammar._narrow_walk = deciding("_narrow_walk", "literal")  # type: ignore[method-assign]
-    CompiledGrammar._plain_text_stays_alive = deciding(  # type: ignore[method-assign]
-        "_plain_text_stays_alive", "text")
+    for name, kind in DECISIONS.items():
+        setattr(CompiledGrammar, name, deciding(name, kind))
     try:
         yield
     finally:
@@ -214,9 +215,8 @@ def phases_table(runs: list[Phases]) -> str:
 def kinds_table(recorder: Recorder) -> str:
     rows = ["| mask kind | masks | ms | µs per mask | configurations made | repeated masks | "
             "their ms |", "|---|---|---|---|---|---|---|"]
-    everything = recorder.masks
     for kind in (*KINDS, None):
-        chosen = [m for m in everything if kind is None or m.kind == kind]
+        chosen = [m for m in recorder.masks if kind is None or m.kind == kind]
         if not chosen:
             continue
         seconds = sum(m.seconds for m in chosen)
