@@ -29,7 +29,7 @@ from typing import Any
 import jsonschema
 import torch
 
-from pegmask.bench.shared_data import JSONSCHEMA_DIR
+from pegmask.bench.data import JSONSCHEMA_DIR
 from pegmask.engine import Engine
 from pegmask.engine.decode import DecodeStats
 

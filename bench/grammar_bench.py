@@ -51,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from pegmask.bench.shared_data import JSONSCHEMA_DIR
+from pegmask.bench.data import JSONSCHEMA_DIR
 from pegmask.grammars.json_schema import DEFAULT_MAX_WHITESPACE
 from pegmask.kernels.bitmask import bitmask_words
 

@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from pegmask.bench.shared_data import JSONSCHEMA_DIR
+from pegmask.bench.data import JSONSCHEMA_DIR
 from pegmask.engine.model import default_model_path
 from pegmask.grammars import Grammar, GrammarError, SchemaError, UnsupportedSchemaError
 from pegmask.grammars.vocab import Vocabulary

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pegmask.bench.shared_data import JSONSCHEMA_DIR
+from pegmask.bench.data import JSONSCHEMA_DIR
 from pegmask.grammars import Grammar, GrammarError, SchemaError, UnsupportedSchemaError
 
 

@@ -26,7 +26,7 @@ from test_dialect_base import (
 )
 from vocabularies import smollm2
 
-from pegmask.bench.shared_data import TEMPLATES_DIR
+from pegmask.bench.data import TEMPLATES_DIR
 from pegmask.dialects import ChatRequest, RequestError, accumulate, get_dialect
 
 TOKYO = ("get_weather", '{"city": "Tokyo"}')

@@ -26,7 +26,7 @@ from test_dialect_base import (
 )
 from test_dialect_harmony import expected_accepts, harmony_tiers, message
 
-from pegmask.bench.shared_data import SHARED_DATA
+from pegmask.bench.data import DATA
 from pegmask.dialects import ChatRequest, get_dialect
 from pegmask.dialects.llmjp_harmony import detect_dialect_from_template
 from pegmask.dialects.native import llmjp_prompt_form
@@ -120,7 +120,7 @@ def llmjp4() -> tuple[Any, Any]:
 
     from pegmask.grammars.vocab import Vocabulary
 
-    folder = SHARED_DATA / "llm-jp-4-tokenizer"
+    folder = DATA / "llm-jp-4-tokenizer"
     processor = sentencepiece.SentencePieceProcessor(
         model_file=str(folder / "llm-jp-tokenizer_ver4.0_alpha1.0.model"))
     config = json.loads((folder / "tokenizer_config.json").read_text())
@@ -187,10 +187,10 @@ def test_model_tokens_of_a_parallel_call_parse_into_both_calls():
 def test_a_template_selects_the_dialect_by_its_first_line():
     for name in ("llm-jp-llm-jp-4.1-8b-thinking.jinja",
                  "llm-jp-tokenizer-alpha_2.0-chat_template.jinja"):
-        template = (SHARED_DATA / "templates" / name).read_text()
+        template = (DATA / "templates" / name).read_text()
         assert detect_dialect_from_template(template) == "llmjp-harmony"
     assert detect_dialect_from_template(
-        (SHARED_DATA / "templates" / "openai-gpt-oss-120b.jinja").read_text()) is None
+        (DATA / "templates" / "openai-gpt-oss-120b.jinja").read_text()) is None
     assert detect_dialect_from_template("{{ x }}\n{#- chat_format=llm-jp-harmony-v1 -#}") is None
     assert detect_dialect_from_template("{# chat_format=llm-jp-harmony-v1 #}\n") == "llmjp-harmony"
 
@@ -210,7 +210,7 @@ def test_render_writes_the_unspaced_form_with_parallel_calls():
     assert ('<|start|>assistant to=functions.get_weather<|channel|>commentary <|constrain|> json'
             '<|message|>{"city": "Tokyo"}<|end|><|start|>assistant to=functions.get_weather'
             '<|channel|>commentary <|constrain|> json<|message|>{"city": "Osaka"}<|call|>') in prompt
-    template = (SHARED_DATA / "templates" / "llm-jp-llm-jp-4.1-8b-thinking.jinja").read_text()
+    template = (DATA / "templates" / "llm-jp-llm-jp-4.1-8b-thinking.jinja").read_text()
     assert get_dialect("llmjp-harmony", chat_template=template).render(
         history, tools=tools, conversation_start_date="2025-12-01") == prompt
 

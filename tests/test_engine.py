@@ -15,7 +15,7 @@ from vocabularies import smollm2_tokenizer
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from pegmask import Engine, Grammar  # noqa: E402
-from pegmask.bench.shared_data import JSONSCHEMA_DIR, TEMPLATES_DIR  # noqa: E402
+from pegmask.bench.data import JSONSCHEMA_DIR, TEMPLATES_DIR  # noqa: E402
 from pegmask.dialects import accumulate  # noqa: E402
 from pegmask.engine.decode import StopStrings  # noqa: E402
 from pegmask.engine.engine import detect_dialect, renders_tools  # noqa: E402

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pegmask.bench.data import JSONSCHEMA_DIR
 from pegmask.bench.jsonschema_coverage import measure, schema_files
-from pegmask.bench.shared_data import JSONSCHEMA_DIR
 from pegmask.grammars import Grammar, GrammarError, SchemaError, UnsupportedSchemaError, json_schema
 from pegmask.grammars.ir import Choice, GrammarIR, Literal, Ref, Seq, json_schema_node
 from pegmask.grammars.json_schema import schema_to_rules

@@ -8,7 +8,7 @@ import harmony_oracle
 import jinja2
 import pytest
 
-from pegmask.bench.shared_data import TEMPLATES_DIR
+from pegmask.bench.data import TEMPLATES_DIR
 from pegmask.dialects import get_dialect
 from pegmask.dialects.history import HistoryError, normalize_history, normalize_tools
 from pegmask.dialects.native import (

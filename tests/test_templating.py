@@ -14,7 +14,7 @@ import tokenizers
 import transformers
 from vocabularies import smollm2_gguf_path
 
-from pegmask.bench.shared_data import TEMPLATES_DIR
+from pegmask.bench.data import TEMPLATES_DIR
 from pegmask.dialects.templating import (
     ChatTemplateError,
     ChatTemplateNotFoundError,

