@@ -1,8 +1,13 @@
-"""The decode loop: forward -> logits -> token bitmask -> sample -> matcher -> output deltas.
+"""One choice of one request in flight (a `Row`): its grammar matcher, sampling, stop strings and
+output parser, from the logits of a step to the OpenAI deltas they release.
 
-Several requests decode as one batch: one forward over the batch's KV cache, one bitmask tensor
-filled row by row by the grammar matchers and one `apply_token_bitmask_inplace` call per step.
-Rows leave the batch (and the cache) as soon as they finish.
+The scheduler (engine/scheduler.py) runs the steps: it masks a whole batch of logits at once,
+then hands each row its own row of logits; everything per request happens here.
+
+Sampling order, as in vLLM: grammar mask, logit bias, penalties, banned stop tokens (min_tokens,
+ignore_eos), then temperature, top-k, top-p and min-p. Log-probabilities, when asked for, are
+those of the distribution the token was drawn from at the request's temperature (the mask
+included: a token the grammar forbids has none).
 
 Jump-forward: when the grammar allows only one continuation, its bytes are tokenized and the
 tokens are appended without sampling, fed to the model in the next forward together with the
@@ -19,20 +24,19 @@ finished ends the row with finish_reason "length".
 from __future__ import annotations
 
 import codecs
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from pegmask.kernels import allocate_token_bitmask, apply_token_bitmask_inplace, sample_masked
+from pegmask.kernels import apply_token_bitmask_inplace, sample_masked
+from pegmask.kernels.logits import apply_logit_bias, apply_penalties
 
 if TYPE_CHECKING:
     from pegmask.dialects import DialectStreamParser
-    from pegmask.engine.model import ModelBackend
     from pegmask.engine.requests import SamplingParams
-    from pegmask.grammars.automaton import GrammarMatcher
+    from pegmask.grammars.automaton import CompiledGrammar, GrammarMatcher
     from pegmask.grammars.vocab import Vocabulary
 
 Delta = dict[str, Any]
@@ -102,6 +106,7 @@ class StopStrings:
         self.vocab = vocab
         self._held: list[int] = []
         self._buffer = b""  # bytes of the held tokens
+        self.matched: str | None = None  # the stop string that ended the output
 
     def push(self, token_ids: Sequence[int]) -> tuple[list[int], bytes, bool]:
         """Add tokens; returns (tokens to release, tail bytes, whether a stop string matched).
@@ -111,9 +116,11 @@ class StopStrings:
         token_bytes = self.vocab.token_bytes
         self._held += token_ids
         self._buffer += b"".join(token_bytes[t] or b"" for t in token_ids)
-        found = [i for i in (self._buffer.find(stop) for stop in self.stops) if i >= 0]
+        found = [(at, stop) for stop in self.stops if (at := self._buffer.find(stop)) >= 0]
         if found:
-            return (*self._split(min(found)), True)
+            at, stop = min(found)
+            self.matched = stop.decode("utf-8")
+            return (*self._split(at), True)
         keep_from = next(
             (i for i in range(max(0, len(self._buffer) - max(map(len, self.stops)) + 1),
                               len(self._buffer))
@@ -148,20 +155,25 @@ class StopStrings:
 # --------------------------------------------------------------------------- rows
 @dataclass
 class RowSpec:
-    """What the engine prepared for one request."""
+    """What the engine prepared for one request: everything but the per-choice state, which
+    `Row` makes from it (one row per choice when `sampling.n > 1`)."""
 
     prompt_ids: list[int]
     sampling: SamplingParams
     max_new_tokens: int
-    output: Output
-    matcher: GrammarMatcher | None = None
+    make_output: Callable[[], Output]
+    compiled: CompiledGrammar | None = None
     stop_ids: frozenset[int] = frozenset()  # end the output without being part of it
+    eos_ids: frozenset[int] = frozenset()  # the vocabulary's end tokens (for ignore_eos)
+    encode: Callable[[str], list[int]] | None = None  # text -> token ids, for jump-forward
+    prompt_text: str | None = None  # a chat prompt the dialect rendered natively (for replay)
 
 
 @dataclass
 class DecodeStats:
-    """Where the time went (for the benchmark and logs). A step samples one token per row;
-    `forward_s` is the decode forwards, the prompts' forward is `prefill_s`."""
+    """Where the time went (for the benchmark, logs and /metrics). A step runs one forward over
+    every row's new tokens; `prefill_s` is the part of the forwards spent on prompts (a step
+    that only prefills), `forward_s` the rest."""
 
     steps: int = 0
     prefill_s: float = 0.0
@@ -170,23 +182,50 @@ class DecodeStats:
     sample_s: float = 0.0
     tokens: int = 0
     forced_tokens: int = 0
+    prompt_tokens: int = 0
 
 
 @dataclass
-class Row:
-    """One request in flight."""
+class TokenLogprob:
+    """One output token's log-probability and the best alternatives, as OpenAI reports them."""
 
-    spec: RowSpec
-    encode: Any  # text -> token ids, for jump-forward
-    vocab: Vocabulary
-    generator: torch.Generator | None
-    generated: list[int] = field(default_factory=list)
-    pending: list[int] = field(default_factory=list)  # tokens for the next forward
-    finish_reason: str | None = None
-    stops: StopStrings | None = None
-    forced: int = 0
-    released: list[int] = field(default_factory=list)  # what reached the output
-    tail: bytes = b""  # the part of a token cut by a stop string that reached it
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+class Row:
+    """One choice of one request in flight (see the module docstring)."""
+
+    def __init__(self, spec: RowSpec, index: int, vocab: Vocabulary, device: torch.device):
+        self.spec = spec
+        self.index = index
+        self.vocab = vocab
+        self.output: Output = spec.make_output()
+        self.matcher: GrammarMatcher | None = (spec.compiled.matcher()
+                                               if spec.compiled is not None else None)
+        self.generator: torch.Generator | None = None
+        if spec.sampling.seed is not None:
+            self.generator = torch.Generator(device=device).manual_seed(
+                spec.sampling.seed + index)
+        sampling = spec.sampling
+        self.stops = StopStrings(sampling.stop, vocab) if sampling.stop else None
+        self.stop_ids = spec.stop_ids | frozenset(sampling.stop_token_ids)
+        if sampling.ignore_eos:
+            self.stop_ids -= spec.eos_ids
+        self.seq = -1  # the runner's sequence, set by the scheduler
+        self.generated: list[int] = []
+        self.pending: list[int] = []  # tokens for the next forward
+        self.finish_reason: str | None = None
+        self.forced = 0
+        self.released: list[int] = []  # what reached the output
+        self.tail = b""  # the part of a token cut by a stop string that reached it
+        self.logprobs: list[TokenLogprob] = []
+        self._bias: tuple[torch.Tensor, torch.Tensor] | None = None
+        if sampling.logit_bias:
+            ids, values = zip(*sampling.logit_bias, strict=True)
+            self._bias = (torch.tensor(ids, dtype=torch.long, device=device),
+                          torch.tensor(values, dtype=torch.float32, device=device))
 
     @property
     def room(self) -> int:
@@ -202,41 +241,86 @@ class Row:
         data = b"".join(self.vocab.token_bytes[t] or names.get(t, "").encode() for t in ids)
         return (data + self.tail).decode("utf-8", errors="replace")
 
-    def sample(self, logits: torch.Tensor, bitmask: torch.Tensor, slot: int,
-               masked: bool) -> int | None:
-        """Draw this row's next token and advance the matcher; None if no token is allowed.
+    # ----------------------------------------------------------------- sampling
+    def sample(self, logits: torch.Tensor, bitmask: torch.Tensor,
+               masked: bool) -> tuple[int, TokenLogprob | None] | None:
+        """Draw this row's next token from its row of logits (edited in place) and advance the
+        matcher; None if no token is allowed. `bitmask` is this row's filled mask, already
+        applied to `logits` when `masked`.
 
         A row whose mask was skipped (every ordinary token allowed, `masked` False) may still
         draw a special token the grammar forbids: then its mask is applied and it draws again.
         """
-        matcher = self.spec.matcher
-        if masked and not bool(bitmask[slot].any()):
+        matcher = self.matcher
+        if masked and not bool(bitmask.any()):
             return None
-        token = self._draw(logits, slot)
-        if matcher is None or matcher.accept_token(token):
-            return token
-        if not masked:
-            apply_token_bitmask_inplace(logits, bitmask.to(logits.device), indices=[slot])
-            token = self._draw(logits, slot)
-            if matcher.accept_token(token):
-                return token
-        return None  # a masked draw the matcher refuses: cannot happen, but never raise
+        self._process(logits)
+        token = self._draw(logits)
+        if matcher is not None and not matcher.accept_token(token):
+            if masked:
+                return None  # a masked draw the matcher refuses: cannot happen, but never raise
+            apply_token_bitmask_inplace(logits, bitmask.to(logits.device))
+            token = self._draw(logits)
+            if not matcher.accept_token(token):
+                return None
+        return token, self._logprob(logits, token)
 
-    def _draw(self, logits: torch.Tensor, slot: int) -> int:
+    def _process(self, logits: torch.Tensor) -> None:
+        sampling = self.spec.sampling
+        if self._bias is not None:
+            apply_logit_bias(logits, *self._bias)
+        if sampling.penalized:
+            apply_penalties(logits, self.generated, self.spec.prompt_ids,
+                            frequency=sampling.frequency_penalty,
+                            presence=sampling.presence_penalty,
+                            repetition=sampling.repetition_penalty)
+        banned = set()
+        if sampling.ignore_eos:
+            banned |= self.spec.eos_ids
+        if len(self.generated) < sampling.min_tokens:
+            banned |= self.stop_ids | self.spec.eos_ids
+        if banned:
+            ids = torch.tensor(sorted(banned), dtype=torch.long, device=logits.device)
+            ids = ids[ids < logits.shape[-1]]
+            saved = logits[ids].clone()
+            logits[ids] = float("-inf")
+            if not bool(torch.isfinite(logits).any()):
+                logits[ids] = saved  # the grammar allows nothing else: it wins
+
+    def _draw(self, logits: torch.Tensor) -> int:
         params = self.spec.sampling
-        return int(sample_masked(logits[slot], params.temperature, params.top_p, params.top_k,
-                                 self.generator))
+        return int(sample_masked(logits, params.temperature, params.top_p, params.top_k,
+                                 self.generator, min_p=params.min_p))
 
-    def advance(self, token_id: int) -> list[Delta]:
+    def _logprob(self, logits: torch.Tensor, token: int) -> TokenLogprob | None:
+        sampling = self.spec.sampling
+        if not sampling.logprobs:
+            return None
+        temperature = sampling.temperature if sampling.temperature > 0 else 1.0
+        logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)
+        top: list[tuple[int, float]] = []
+        if sampling.top_logprobs:
+            values, ids = logprobs.topk(sampling.top_logprobs)
+            top = [(int(i), float(v)) for i, v in zip(ids, values, strict=True)
+                   if v > float("-inf")]
+        return TokenLogprob(token, float(logprobs[token]), top)
+
+    # ----------------------------------------------------------------- output
+    def advance(self, token_id: int, logprob: TokenLogprob | None = None) -> list[Delta]:
         """Take a sampled (and accepted) token plus any forced continuation; return the deltas
         they release."""
-        spec, matcher = self.spec, self.spec.matcher
+        matcher = self.matcher
         self.generated.append(token_id)
-        if token_id in spec.stop_ids or (matcher is not None and matcher.stopped):
+        if logprob is not None:
+            self.logprobs.append(logprob)
+        if token_id in self.stop_ids or (matcher is not None and matcher.stopped):
             return self.finish("stop")
         tokens = [token_id]
         if matcher is not None and not matcher.is_terminated():
-            tokens += self._jump_forward(matcher)
+            forced = self._jump_forward(matcher)
+            tokens += forced
+            if self.spec.sampling.logprobs:
+                self.logprobs += [TokenLogprob(t, 0.0, [(t, 0.0)]) for t in forced]
         deltas = self._release(tokens)
         if self.finish_reason is not None:
             return deltas
@@ -249,13 +333,13 @@ class Row:
 
     def _jump_forward(self, matcher: GrammarMatcher) -> list[int]:
         forced = matcher.find_jump_forward_string()
-        if not forced:
+        if not forced or self.spec.encode is None:
             return []
         try:
             text = forced.decode("utf-8")
         except UnicodeDecodeError as exc:
             text = forced[: exc.start].decode("utf-8")
-        tokens = self.encode(text)[:-1][: self.room]
+        tokens = self.spec.encode(text)[:-1][: self.room]
         pieces = [self.vocab.token_bytes[t] for t in tokens]
         if not tokens or None in pieces or not forced.startswith(b"".join(pieces)):
             return []  # a tokenizer that rewrites text (e.g. a SentencePiece prefix space)
@@ -268,7 +352,7 @@ class Row:
     def _feed(self, tokens: list[int], tail: bytes = b"") -> list[Delta]:
         self.released += tokens
         self.tail += tail
-        return self.spec.output.feed(tokens, tail)
+        return self.output.feed(tokens, tail)
 
     def _release(self, tokens: list[int]) -> list[Delta]:
         if self.stops is None:
@@ -286,69 +370,6 @@ class Row:
         deltas: list[Delta] = []
         if self.stops is not None:
             deltas += self._feed(self.stops.flush())
-        final, self.finish_reason = self.spec.output.finish(reason)
+        final, self.finish_reason = self.output.finish(reason)
         self.pending = []
         return deltas + final
-
-
-# --------------------------------------------------------------------------- the loop
-def start_rows(backend: ModelBackend, vocab: Vocabulary, specs: Sequence[RowSpec]) -> list[Row]:
-    """Rows ready to decode: each with its prompt pending and its own seeded generator."""
-    rows = []
-    for spec in specs:
-        seed = spec.sampling.seed
-        generator = None
-        if seed is not None:
-            generator = torch.Generator(device=backend.device).manual_seed(seed)
-        stops = StopStrings(spec.sampling.stop, vocab) if spec.sampling.stop else None
-        rows.append(Row(spec, backend.encode, vocab, generator, pending=list(spec.prompt_ids),
-                        stops=stops))
-    return rows
-
-
-def decode_rows(
-    backend: ModelBackend, rows: list[Row], stats: DecodeStats | None = None
-) -> Iterator[tuple[int, list[Delta]]]:
-    """Decode `rows` as one batch; yields (row index, deltas) as rows produce output. When the
-    iterator is exhausted every row has its finish_reason."""
-    stats = stats if stats is not None else DecodeStats()
-    active = list(range(len(rows)))
-    bitmask = allocate_token_bitmask(len(rows), backend.logits_width)
-    start = time.perf_counter()
-    state, logits = backend.prefill([row.pending for row in rows])
-    stats.prefill_s += time.perf_counter() - start
-    start = time.perf_counter()
-    while True:
-        masked = time.perf_counter()
-        need = {slot for slot, i in enumerate(active) if _fill(rows[i], bitmask, slot)}
-        if need:
-            device_mask = bitmask if logits.device.type == "cpu" else bitmask.to(logits.device)
-            apply_token_bitmask_inplace(logits, device_mask, indices=sorted(need))
-        sampled = time.perf_counter()
-        for slot, i in enumerate(active):
-            row = rows[i]
-            token = row.sample(logits, bitmask, slot, masked=slot in need)
-            # No allowed token: the grammar cannot be finished, the output is cut short.
-            deltas = row.finish("length") if token is None else row.advance(token)
-            if deltas:
-                yield i, deltas
-        done = time.perf_counter()
-        stats.steps += 1
-        stats.forward_s += masked - start
-        stats.mask_s += sampled - masked
-        stats.sample_s += done - sampled
-        keep = [slot for slot, i in enumerate(active) if rows[i].finish_reason is None]
-        if not keep:
-            break
-        if len(keep) < len(active):
-            backend.select(state, keep)
-            active = [active[slot] for slot in keep]
-        start = time.perf_counter()
-        logits = backend.forward(state, [rows[i].pending for i in active])
-    stats.tokens += sum(len(row.generated) for row in rows)
-    stats.forced_tokens += sum(row.forced for row in rows)
-
-
-def _fill(row: Row, bitmask: torch.Tensor, slot: int) -> bool:
-    matcher = row.spec.matcher
-    return matcher is not None and matcher.fill_next_token_bitmask(bitmask, slot)

@@ -1,9 +1,14 @@
-"""`Engine`: a model, its vocabulary and chat dialect, and `generate` on top of the decode loop.
+"""`Engine`: a model, its vocabulary and chat dialect, and `generate` on top of the scheduler.
 
-A request becomes a `RowSpec` before anything runs: the prompt is rendered and tokenized, the
-output grammar (the dialect's, specialized to the request, or a structured-output grammar) is
-compiled against the vocabulary, and the output handler is chosen. Every error a request can
-cause surfaces there, as an `InvalidRequestError`; decoding itself does not raise.
+A request becomes a `RowSpec` before it reaches the scheduler: the prompt is rendered and
+tokenized, the output grammar (the dialect's, specialized to the request, or a structured-output
+grammar) is compiled against the vocabulary (compiled grammars are shared across requests), and
+the output handler is chosen. Every error a request can cause surfaces there, in the caller's
+thread, as an `InvalidRequestError`; decoding itself does not raise. Preparing runs off the
+decode loop, so a new grammar never stalls the requests that decode.
+
+All decoding goes through one `Scheduler` (engine/scheduler.py): `generate`, `generate_batch`,
+streams and the server submit to it from any thread, and it batches whatever runs at once.
 """
 
 from __future__ import annotations
@@ -11,54 +16,77 @@ from __future__ import annotations
 import os
 import re
 import threading
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from pegmask.dialects import ChatRequest, Dialect, DialectStreamParser, get_dialect
-from pegmask.engine.decode import (
-    ChatOutput,
-    DecodeStats,
-    Delta,
-    Row,
-    RowSpec,
-    TextOutput,
-    decode_rows,
-    start_rows,
-)
+from pegmask.dialects.native import replay_text
+from pegmask.dialects.replay import ReplayMemory
+from pegmask.engine.decode import ChatOutput, DecodeStats, Delta, Row, RowSpec, TextOutput
+from pegmask.engine.metrics import Metrics
 from pegmask.engine.model import ModelBackend, load_backend
 from pegmask.engine.requests import GenerationRequest, InvalidRequestError, build_request
+from pegmask.engine.scheduler import Event, Limits, Scheduler, Submission
 from pegmask.grammars import Grammar
 from pegmask.grammars.automaton import CompiledGrammar, GrammarCompiler
 from pegmask.grammars.vocab import Vocabulary
 
 _TOOLS_VARIABLE = re.compile(r"\btools\b")
+# A request that touches what the first request of a process would otherwise pay for (the PEG
+# and JSON Schema front-ends, the dialect's grammar, the vocabulary's tries, the first masks).
+_PREWARM_TOOL = {"type": "function", "function": {
+    "name": "prewarm", "description": "-",
+    "parameters": {"type": "object", "properties": {
+        "text": {"type": "string"}, "count": {"type": "integer"}, "ratio": {"type": "number"},
+        "flag": {"type": "boolean"}, "items": {"type": "array", "items": {"type": "string"}},
+        "kind": {"type": "string", "enum": ["a", "b"]},
+    }, "required": ["text"]},
+}}
+
+
+@dataclass
+class Choice:
+    """One choice of a finished generation."""
+
+    index: int
+    text: str
+    message: dict[str, Any]
+    finish_reason: str
+    token_ids: list[int]
+    logprobs: list[Any] | None = None  # decode.TokenLogprob per output token, when asked
+    stop_string: str | None = None  # the stop string that ended it, if one did
 
 
 @dataclass
 class GenerationResult:
     """One finished generation. `message` is the OpenAI assistant message (for a completion,
-    its text as content); `usage` counts prompt and completion tokens."""
+    its text as content); `usage` counts prompt and completion tokens (all choices). `text`,
+    `message`, `finish_reason`, `token_ids` and `logprobs` are the first choice's; `choices`
+    holds every one (`n > 1`)."""
 
     text: str
     message: dict[str, Any]
     finish_reason: str
     usage: dict[str, int]
     token_ids: list[int]
+    choices: list[Choice] = field(default_factory=list)
+    logprobs: list[Any] | None = None
 
 
 class GenerationStream:
     """Iterator of OpenAI deltas for one request (`{"text": ...}` pieces for a completion;
-    `{"role": "assistant"}` then content / reasoning / tool-call deltas for a chat). Once it is
+    `{"role": "assistant"}` then content / reasoning / tool-call deltas for a chat). With
+    `n > 1` the choices' deltas interleave: read `events()` to tell them apart. Once it is
     exhausted, `result` holds the same `GenerationResult` a non-streamed call returns.
 
-    While it runs it holds the engine (one decode at a time): iterate it to the end, or
-    `close()` it to give up."""
+    `close()` (or dropping the iterator) cancels the request; the decode loop frees its rows
+    before its next step."""
 
-    def __init__(self, engine: Engine, row: Row, is_chat: bool):
+    def __init__(self, engine: Engine, submission: Submission, is_chat: bool):
         self._engine = engine
-        self._row = row
-        self._is_chat = is_chat
+        self.submission = submission
+        self.is_chat = is_chat
         self.result: GenerationResult | None = None
         self._deltas = self._run()
 
@@ -69,19 +97,37 @@ class GenerationStream:
         return next(self._deltas)
 
     def close(self) -> None:
+        self.submission.cancel()
         self._deltas.close()
 
     @property
     def finish_reason(self) -> str | None:
         return self.result.finish_reason if self.result is not None else None
 
+    def events(self) -> Iterator[Event]:
+        """The scheduler's events (choice index, deltas, log-probs, finish reason)."""
+        try:
+            yield from self.submission.events()
+            self.result = self._engine._result(self.submission)
+        finally:
+            if not self.submission.done.is_set():
+                self.submission.cancel()
+
+    async def aevents(self) -> AsyncIterator[Event]:
+        """`events()` for asyncio."""
+        try:
+            async for event in self.submission.aevents():
+                yield event
+            self.result = self._engine._result(self.submission)
+        finally:
+            if not self.submission.done.is_set():
+                self.submission.cancel()
+
     def _run(self) -> Iterator[Delta]:
-        if self._is_chat:
+        if self.is_chat:
             yield {"role": "assistant"}
-        with self._engine._lock:
-            for _, deltas in decode_rows(self._engine.backend, [self._row], self._engine.stats):
-                yield from deltas
-        self.result = self._engine._result(self._row)
+        for event in self.events():
+            yield from event.deltas
 
 
 class Engine:
@@ -89,7 +135,11 @@ class Engine:
 
     `Engine()` runs the embedded SmolLM2-135M-Instruct on the CPU. `model` is a GGUF file or a
     local Hugging Face folder; `dialect="auto"` picks the chat dialect from the model's chat
-    template; `chat_template` replaces the model's own.
+    template; `chat_template` replaces the model's own. `max_running` rows (choices) decode at
+    once and `max_queued` requests wait for room (more: `QueueFullError`); `prefill_chunk` bounds
+    the prompt tokens of one step; `request_timeout_s` bounds a request's time. `fp16_weights`
+    (llama-family models on the CPU; None picks it there): see engine/llama_runner.py.
+    `prewarm` pays the process's one-time grammar costs now rather than in the first request.
     """
 
     def __init__(
@@ -100,6 +150,12 @@ class Engine:
         dtype: str | None = None,
         dialect: str = "auto",
         chat_template: str | None = None,
+        max_running: int = 32,
+        max_queued: int = 256,
+        prefill_chunk: int = 256,
+        request_timeout_s: float | None = None,
+        fp16_weights: bool | None = None,
+        prewarm: bool = True,
     ):
         self.backend: ModelBackend = load_backend(model, device=device, dtype=dtype)
         self.vocab: Vocabulary = self.backend.vocab
@@ -113,57 +169,79 @@ class Engine:
         if self.dialect.native_renderer and not renders_tools(self.chat_template):
             self._native = get_dialect(name, **options)
         self._compiler = GrammarCompiler(self.vocab)
-        # Decoding runs one batch at a time (a Lock, not an RLock: a stream may resume on
-        # another thread); preparing touches the dialect's and the compiler's caches.
-        self._lock = threading.Lock()
+        # Preparing touches the dialect's and the compiler's caches: one request at a time.
         self._prepare_lock = threading.Lock()
+        self.limits = Limits(max_running=max_running, max_queued=max_queued,
+                             prefill_chunk=prefill_chunk, request_timeout_s=request_timeout_s)
         self.stats = DecodeStats()
+        self.metrics = Metrics()
+        self.runner = self.backend.runner(fp16_weights=fp16_weights)
+        # The raw text of turns with tool calls, replayed when clients send the calls back.
+        self.replay = ReplayMemory()
+        self.scheduler = Scheduler(self.runner, self.vocab, self.limits, self.stats,
+                                   self.metrics, on_finish=self._remember)
+        self.metrics.watch(self.scheduler)
+        if prewarm:
+            self.prewarm()
 
     @property
     def model_name(self) -> str:
         return self.backend.name
 
+    def close(self) -> None:
+        """Stop the decode loop; requests still running end with an error."""
+        self.scheduler.close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def prewarm(self) -> None:
+        """Compile a tool-call grammar and walk its first masks: what the first request of a
+        process would otherwise wait for (about 0.5 s of one-time caches)."""
+        request = build_request([{"role": "user", "content": "hi"}], tools=[_PREWARM_TOOL],
+                                tool_choice="required")
+        spec = self.prepare(request)
+        if spec.compiled is None:
+            return
+        from pegmask.kernels import allocate_token_bitmask
+
+        matcher = spec.compiled.matcher()
+        bitmask = allocate_token_bitmask(1, self.vocab.size)
+        matcher.fill_next_token_bitmask(bitmask, 0)
+        opening = matcher.find_jump_forward_string()
+        if opening:
+            matcher.accept_string(opening.decode("utf-8", errors="ignore"))
+            matcher.fill_next_token_bitmask(bitmask, 0)
+
     # ----------------------------------------------------------------- public API
     def generate(
-        self,
-        prompt_or_messages: str | Sequence[Mapping[str, Any]],
-        *,
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-        top_p: float | None = None,
-        top_k: int | None = None,
-        seed: int | None = None,
-        stop: str | Sequence[str] | None = None,
-        tools: Sequence[Mapping[str, Any]] | None = None,
-        tool_choice: str | Mapping[str, Any] | None = None,
-        parallel_tool_calls: bool | None = None,
-        response_format: Mapping[str, Any] | None = None,
-        grammar: Grammar | str | None = None,
-        chat_template_kwargs: Mapping[str, Any] | None = None,
-        stream: bool = False,
+        self, prompt_or_messages: str | Sequence[Mapping[str, Any]], *, stream: bool = False,
+        **options: Any,
     ) -> GenerationResult | GenerationStream:
         """Generate for a completion prompt (a string) or a chat (a list of messages).
 
-        A completion's grammar (`grammar`, or `response_format`) constrains its whole output;
-        a chat's goes through the dialect with the tools. Defaults: max_tokens 512,
-        temperature 1, no top-p / top-k. With `stream=True`, a `GenerationStream` of deltas.
-        Bad requests raise `InvalidRequestError` (a ValueError) before anything is decoded.
+        Options: max_tokens (512), temperature (1), top_p, top_k, min_p, seed, stop,
+        stop_token_ids, frequency_penalty, presence_penalty, repetition_penalty, logit_bias,
+        logprobs, top_logprobs, ignore_eos, min_tokens, n, close_on_length, tools, tool_choice,
+        parallel_tool_calls, response_format, grammar, chat_template_kwargs (see
+        `pegmask.engine.requests.build_request`). A completion's grammar (`grammar`, or
+        `response_format`) constrains its whole output; a chat's goes through the dialect with
+        the tools. With `stream=True`, a `GenerationStream` of deltas. Bad requests raise
+        `InvalidRequestError` (a ValueError) before anything is decoded.
         """
-        request = build_request(
-            prompt_or_messages, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-            top_k=top_k, seed=seed, stop=stop, tools=tools, tool_choice=tool_choice,
-            parallel_tool_calls=parallel_tool_calls, response_format=response_format,
-            grammar=grammar, chat_template_kwargs=chat_template_kwargs,
-        )
-        row = start_rows(self.backend, self.vocab, [self.prepare(request)])[0]
+        request = self.request(prompt_or_messages, **options)
+        submission = self.submit(request)
         if stream:
-            return GenerationStream(self, row, request.is_chat)
-        return self._decode([row])[0]
+            return GenerationStream(self, submission, request.is_chat)
+        return self.wait(submission)
 
     def generate_batch(
         self, requests: Sequence[Mapping[str, Any]], *, return_errors: bool = False
     ) -> list[GenerationResult | InvalidRequestError]:
-        """Several requests decoded as one batch. Each item holds `generate`'s keyword options
+        """Several requests decoded together. Each item holds `generate`'s keyword options
         plus the input under `prompt` or `messages`. A bad item raises before any decoding,
         or, with `return_errors`, takes its error's place in the results."""
         outcomes: list[Any] = []
@@ -174,12 +252,29 @@ class Engine:
                 if not return_errors:
                     raise
                 outcomes.append(exc)
-        specs = [o for o in outcomes if isinstance(o, RowSpec)]
-        results = iter(self._decode(start_rows(self.backend, self.vocab, specs)))
-        return [next(results) if isinstance(o, RowSpec) else o for o in outcomes]
+        submissions = [self.scheduler.submit(o) if isinstance(o, RowSpec) else o
+                       for o in outcomes]
+        return [self.wait(s) if isinstance(s, Submission) else s for s in submissions]
 
-    @staticmethod
-    def _batch_request(index: int, item: Mapping[str, Any]) -> GenerationRequest:
+    def request(self, prompt_or_messages: str | Sequence[Mapping[str, Any]],
+                **options: Any) -> GenerationRequest:
+        """Validate `generate`'s arguments (InvalidRequestError naming the bad one)."""
+        try:
+            return build_request(prompt_or_messages, **options)
+        except TypeError as exc:  # an unknown option name
+            raise InvalidRequestError(str(exc)) from exc
+
+    def submit(self, request: GenerationRequest) -> Submission:
+        """Prepare `request` here (render, tokenize, compile) and queue it in the scheduler;
+        raises InvalidRequestError, or QueueFullError when the queue is full."""
+        return self.scheduler.submit(self.prepare(request))
+
+    def wait(self, submission: Submission) -> GenerationResult:
+        """Block until `submission` ends; its result, or its error raised."""
+        submission.result()
+        return self._result(submission)
+
+    def _batch_request(self, index: int, item: Mapping[str, Any]) -> GenerationRequest:
         options = dict(item)
         if ("prompt" in options) == ("messages" in options):
             raise InvalidRequestError(
@@ -197,8 +292,12 @@ class Engine:
             return self._prepare(request)
 
     def _prepare(self, request: GenerationRequest) -> RowSpec:
+        prompt_text = None
         if request.is_chat:
-            prompt_ids = self.backend.encode(self.render(request))
+            prompt_text, native = self._render(request)
+            prompt_ids = self.backend.encode(prompt_text)
+            if not native:
+                prompt_text = None
         else:
             prompt_ids = self.backend.encode(request.prompt, add_special_tokens=True)
         room = self.backend.context_length - len(prompt_ids)
@@ -208,42 +307,90 @@ class Engine:
                 f"{self.backend.context_length}",
                 "messages" if request.is_chat else "prompt",
             )
-        max_new = min(request.sampling.max_tokens, room)
-        matcher, stop_ids = None, frozenset(self.vocab.eos_ids)
+        sampling = request.sampling
+        self._check_token_ids(sampling)
+        if sampling.n > self.limits.max_running:
+            raise InvalidRequestError(
+                f"n={sampling.n} exceeds this server's {self.limits.max_running} running "
+                "sequences", "n")
+        max_new = min(sampling.max_tokens, room)
+        compiled: CompiledGrammar | None = None
+        stop_ids = frozenset(self.vocab.eos_ids)
         if request.is_chat and request.grammar is None:
             # The dialect grammar embeds the tool schemas and the answer's schema.
-            param = "response_format" if request.chat.response_schema is not None else "tools"
-            grammar = self._checked(lambda: self.dialect.grammar(request.chat), param)
+            chat = request.chat
+            param = "response_format" if chat.response_schema is not None else "tools"
+            grammar = self._checked(lambda: self.dialect.grammar(chat), param)
             compiled = self.compiled(grammar, param)
-            parser = DialectStreamParser(compiled.grammar, request.chat, self.vocab,
-                                         trusted=True, seed=request.sampling.seed)
-            output: Any = ChatOutput(parser)
+            vocab = self.vocab
+
+            def make_output() -> ChatOutput:
+                return ChatOutput(DialectStreamParser(compiled.grammar, chat, vocab,
+                                                      trusted=True))
         else:
-            output = TextOutput(self.vocab, "content" if request.is_chat else "text")
-            compiled = None
+            field_name = "content" if request.is_chat else "text"
             if request.grammar is not None:
                 compiled = self.compiled(request.grammar, "grammar")
+
+            def make_output() -> TextOutput:
+                return TextOutput(self.vocab, field_name)
         if compiled is not None:
-            matcher = compiled.matcher()
             stop_ids = frozenset(compiled.stop_ids)
-        return RowSpec(prompt_ids, request.sampling, max_new, output, matcher, stop_ids)
+        return RowSpec(prompt_ids, sampling, max_new, make_output, compiled, stop_ids,
+                       frozenset(self.vocab.eos_ids), self.backend.encode, prompt_text)
+
+    def prompt_tokens(self, request: GenerationRequest) -> int:
+        """How many tokens the request's prompt takes (rendered as for decoding)."""
+        with self._prepare_lock:
+            if request.is_chat:
+                return len(self.backend.encode(self._render(request)[0]))
+            return len(self.backend.encode(request.prompt, add_special_tokens=True))
+
+    def _check_token_ids(self, sampling: Any) -> None:
+        width = self.backend.logits_width
+        for name, ids in (("logit_bias", [t for t, _ in sampling.logit_bias]),
+                          ("stop_token_ids", sampling.stop_token_ids)):
+            bad = [t for t in ids if t >= width]
+            if bad:
+                raise InvalidRequestError(
+                    f"{name}: token id {bad[0]} is outside the vocabulary ({width} tokens)", name)
 
     def render(self, request: GenerationRequest) -> str:
         """The chat prompt: the model's template, or the dialect's native format when there are
         tools the template would drop."""
+        return self._render(request)[0]
+
+    def _render(self, request: GenerationRequest) -> tuple[str, bool]:
+        """(prompt, whether the dialect's native renderer wrote it). Natively rendered turns
+        this engine generated are replayed byte for byte from `self.replay`."""
         chat: ChatRequest = request.chat
         kwargs = dict(request.template_kwargs)
         dialect = self.dialect
-        if chat.tools and self._native is not None:
+        native = bool(chat.tools) and self._native is not None
+        if native:
             dialect = self._native
+            kwargs["replay"] = self.replay
         else:
             for key, value in self.backend.template_tokens().items():
                 kwargs.setdefault(key, value)
-        return self._checked(
+        text = self._checked(
             lambda: dialect.render(request.messages, tools=chat.tools or None,
                                    add_generation_prompt=True, **kwargs),
             "messages",
         )
+        return text, native
+
+    def _remember(self, submission: Submission) -> None:
+        """Keep the raw text of each generated turn that made tool calls (scheduler hook)."""
+        prompt = submission.spec.prompt_text
+        if prompt is None:
+            return
+        for row in submission.rows:
+            output = row.output
+            if isinstance(output, ChatOutput) and output.message["tool_calls"]:
+                generated = row.text(spell_specials=True)
+                self.replay.remember(output.message["tool_calls"],
+                                     replay_text(self.dialect_name, prompt, generated))
 
     def compiled(self, grammar: Grammar, param: str = "grammar") -> CompiledGrammar:
         """`grammar` bound to this model's vocabulary (cached by the compiler; compile errors
@@ -259,25 +406,29 @@ class Engine:
         except (ValueError, TypeError, RecursionError) as exc:
             raise InvalidRequestError(str(exc), param) from exc
 
-    # ----------------------------------------------------------------- decoding
-    def _decode(self, rows: list[Row]) -> list[GenerationResult]:
-        with self._lock:
-            for _ in decode_rows(self.backend, rows, self.stats):
-                pass
-        return [self._result(row) for row in rows]
+    # ----------------------------------------------------------------- results
+    def _result(self, submission: Submission) -> GenerationResult:
+        choices = [self._choice(row) for row in submission.rows]
+        prompt_tokens = len(submission.spec.prompt_ids)
+        completion = sum(len(row.generated) for row in submission.rows)
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+                 "total_tokens": prompt_tokens + completion}
+        first = choices[0]
+        return GenerationResult(first.text, first.message, first.finish_reason, usage,
+                                first.token_ids, choices, first.logprobs)
 
-    def _result(self, row: Row) -> GenerationResult:
-        output = row.spec.output
+    @staticmethod
+    def _choice(row: Row) -> Choice:
+        output = row.output
         # A chat's text is the raw output (e.g. its <tool_call> blocks); a completion's, plain.
         chat = isinstance(output, ChatOutput)
         text = row.text(spell_specials=chat)
         message = output.message if chat else {
             "role": "assistant", "content": text, "reasoning_content": None, "tool_calls": []}
-        prompt_tokens = len(row.spec.prompt_ids)
-        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(row.generated),
-                 "total_tokens": prompt_tokens + len(row.generated)}
-        return GenerationResult(text, message, row.finish_reason or "length", usage,
-                                list(row.generated))
+        logprobs = row.logprobs if row.spec.sampling.logprobs else None
+        stop_string = row.stops.matched if row.stops is not None else None
+        return Choice(row.index, text, message, row.finish_reason or "length",
+                      list(row.generated), logprobs, stop_string)
 
 
 # --------------------------------------------------------------------------- dialects

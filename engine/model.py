@@ -1,26 +1,23 @@
-"""Model backends: a causal LM and its tokenizer, loaded from a GGUF file or a local HF folder,
-and a batched forward over a KV cache.
+"""Model backends: a causal LM and its tokenizer, loaded from a GGUF file or a local HF folder.
 
 Loading goes through transformers (`gguf_file=` dequantizes a GGUF checkpoint), never the
 network. Loaded models are cached per (path, device, dtype) so several engines in one process
-(tests, a server with a CLI) share one copy of the weights; the model is only read.
-
-The forward takes, per row, the tokens to append (one sampled token, several jump-forward
-tokens, a whole prompt, or none for a finished row) and left-pads each step's chunk, with the
-padding masked out, so that the last column always holds each row's newest token.
+(tests, a server with a CLI) share one copy of the weights; the model is only read. Each engine
+gets its own `SequenceRunner` (engine/runner.py) over those weights: `LlamaRunner` for the
+llama family, transformers' own forward for other architectures.
 """
 
 from __future__ import annotations
 
 import functools
-import inspect
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from pegmask.engine import llama_runner
+from pegmask.engine.runner import SequenceRunner, TransformersRunner
 from pegmask.grammars.vocab import installed_package_dir
 
 if TYPE_CHECKING:
@@ -70,16 +67,6 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
     return resolved
 
 
-@dataclass
-class KVState:
-    """The KV cache of one batch, its attention mask and each row's length."""
-
-    cache: Any
-    lengths: list[int]
-    mask: torch.Tensor  # (batch, cached length) 1 for real tokens, 0 for padding
-    padded: bool = False  # whether any padding was ever cached (else no mask is needed)
-
-
 class ModelBackend:
     """A loaded causal LM with its tokenizer (see `load_backend`)."""
 
@@ -90,10 +77,6 @@ class ModelBackend:
         self.device = device
         self.dtype: torch.dtype = model.dtype
         self.logits_width: int = int(model.get_output_embeddings().weight.shape[0])
-        self.pad_id: int = _pad_id(tokenizer)
-        # transformers 5 renamed `past_key_values` to `cache`; accept either.
-        params = inspect.signature(model.forward).parameters
-        self._cache_arg = "cache" if "cache" in params else "past_key_values"
 
     @property
     def name(self) -> str:
@@ -128,70 +111,17 @@ class ModelBackend:
         already holds its BOS, so none is added unless asked (completion prompts)."""
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
-    def new_state(self, batch: int) -> KVState:
-        from transformers import DynamicCache
+    def runner(self, *, fp16_weights: bool | None = None) -> SequenceRunner:
+        """A new sequence runner (its own KV cache) over this model's weights: `LlamaRunner`
+        where the architecture allows (`fp16_weights`: see engine/llama_runner.py; None picks
+        it on the CPU), transformers' forward otherwise."""
+        if llama_runner.supports(self.model):
+            return llama_runner.LlamaRunner(self._llama_weights(fp16_weights))
+        return TransformersRunner(self.model, self.device)
 
-        mask = torch.zeros((batch, 0), dtype=torch.long, device=self.device)
-        return KVState(DynamicCache(), [0] * batch, mask)
-
-    def prefill(self, prompts: list[list[int]]) -> tuple[KVState, torch.Tensor]:
-        """Start a batch: one forward over the distinct prompts (rows with the same prompt get
-        copies of its KV cache); returns the state and each row's logits."""
-        distinct: dict[tuple[int, ...], int] = {}
-        index = [distinct.setdefault(tuple(prompt), len(distinct)) for prompt in prompts]
-        state = self.new_state(len(distinct))
-        logits = self.forward(state, [list(prompt) for prompt in distinct])
-        if len(distinct) < len(prompts):
-            self.select(state, index)
-            logits = logits[index]
-        return state, logits
-
-    @torch.inference_mode()
-    def forward(self, state: KVState, chunks: list[list[int]]) -> torch.Tensor:
-        """Append `chunks[i]` to row i and return the logits after each row's last token,
-        float32 `(batch, logits_width)` (rows with an empty chunk get meaningless logits)."""
-        width = max(len(chunk) for chunk in chunks)
-        if width == 0:
-            raise ValueError("forward needs at least one token")
-        batch = len(chunks)
-        ids = torch.full((batch, width), self.pad_id, dtype=torch.long)
-        new_mask = torch.zeros((batch, width), dtype=torch.long)
-        positions = torch.zeros((batch, width), dtype=torch.long)
-        for row, chunk in enumerate(chunks):
-            count, start = len(chunk), state.lengths[row]
-            if count:
-                ids[row, width - count :] = torch.tensor(chunk, dtype=torch.long)
-                new_mask[row, width - count :] = 1
-                positions[row, width - count :] = torch.arange(start, start + count)
-            positions[row, : width - count] = start
-            state.lengths[row] = start + count
-            state.padded |= count < width
-        state.mask = torch.cat([state.mask, new_mask.to(self.device)], dim=1)
-        out = self.model(
-            input_ids=ids.to(self.device),
-            attention_mask=state.mask if state.padded else None,
-            position_ids=positions.to(self.device),
-            use_cache=True,
-            logits_to_keep=1,
-            **{self._cache_arg: state.cache},
-        )
-        return out.logits[:, -1].float()
-
-    def select(self, state: KVState, keep: list[int]) -> None:
-        """Keep rows `keep` of the batch, in that order (finished rows leave the cache; a
-        repeated index copies a row)."""
-        index = torch.tensor(keep, dtype=torch.long, device=self.device)
-        state.cache.batch_select_indices(index)
-        state.mask = state.mask[index]
-        state.lengths = [state.lengths[i] for i in keep]
-
-
-def _pad_id(tokenizer: Any) -> int:
-    for attr in ("pad_token_id", "eos_token_id"):
-        value = getattr(tokenizer, attr, None)
-        if isinstance(value, int):
-            return value
-    return 0
+    @functools.cache  # noqa: B019 - backends live as long as the process (see _load)
+    def _llama_weights(self, fp16_weights: bool | None) -> llama_runner.LlamaWeights:
+        return llama_runner.LlamaWeights(self.model, fp16_weights=fp16_weights)
 
 
 def load_backend(

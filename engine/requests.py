@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,15 +25,30 @@ from pegmask.dialects.request import ChatRequest, RequestError
 from pegmask.grammars import Grammar
 from pegmask.grammars.ir import Literal, choice
 
+logger = logging.getLogger("pegmask.requests")
+
 DEFAULT_MAX_TOKENS = 512
 LEGACY_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound
 GRAMMAR_FORMATS = ("regex", "grammar", "choice")
-_SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "seed", "stop")
+# Request fields passed to `build_request` as they are, when present and not null.
+_SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
+                    "frequency_penalty", "presence_penalty", "repetition_penalty", "logit_bias",
+                    "ignore_eos", "min_tokens", "n", "close_on_length")
 _SHAPE_FIELDS = ("tools", "tool_choice", "parallel_tool_calls", "response_format", "grammar")
-# Fields that would change the response's shape in ways this server does not implement, with
-# the values that mean "off".
-_UNSUPPORTED = {"n": (None, 1), "logprobs": (None, False, 0), "top_logprobs": (None, 0),
-                "echo": (None, False), "best_of": (None, 1), "suffix": (None, "")}
+# Fields that would change the response in ways this server does not implement, with the values
+# that mean "off": anything else is a 400 naming the field.
+_UNSUPPORTED = {"echo": (None, False), "best_of": (None, 1), "suffix": (None, ""),
+                "prompt_logprobs": (None, 0), "guided_decoding_backend": (None,)}
+# Fields that only describe the request (accepted, no effect on the output).
+DESCRIPTIVE_FIELDS = frozenset({
+    "model", "user", "metadata", "store", "service_tier", "stream", "stream_options",
+    "prediction", "modalities", "audio", "web_search_options", "request_id",
+    "safety_identifier", "prompt_cache_key", "verbosity", "messages", "prompt", "max_tokens",
+    "max_completion_tokens", "logprobs", "top_logprobs", "chat_template_kwargs",
+    "reasoning_effort", "skip_special_tokens", "spaces_between_special_tokens",
+    "include_stop_str_in_output", "add_generation_prompt",
+})
 
 
 class InvalidRequestError(ValueError):
@@ -46,14 +62,38 @@ class InvalidRequestError(ValueError):
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to pick tokens and when to stop (beyond EOS and the grammar)."""
+    """How to pick tokens and when to stop (beyond EOS and the grammar), per choice.
+
+    `logprobs` asks for each sampled token's log-probability under the distribution it was
+    drawn from (after the grammar mask, bias and penalties, at the request's temperature), with
+    `top_logprobs` alternatives. `stop_token_ids` end the output like EOS; `ignore_eos` keeps
+    decoding past EOS (it is never sampled); `min_tokens` forbids EOS and stop tokens before that
+    many tokens (the grammar wins where it allows nothing else). `close_on_length` closes a
+    constrained region before `max_tokens` runs out."""
 
     max_tokens: int = DEFAULT_MAX_TOKENS
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    min_p: float = 0.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    logprobs: bool = False
+    top_logprobs: int = 0
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    n: int = 1
+    close_on_length: bool = True
+
+    @property
+    def penalized(self) -> bool:
+        return bool(self.frequency_penalty or self.presence_penalty
+                    or self.repetition_penalty != 1.0)
 
 
 @dataclass
@@ -83,6 +123,18 @@ def build_request(
     top_k: int | None = None,
     seed: int | None = None,
     stop: str | Sequence[str] | None = None,
+    min_p: float | None = None,
+    stop_token_ids: Sequence[int] | None = None,
+    frequency_penalty: float | None = None,
+    presence_penalty: float | None = None,
+    repetition_penalty: float | None = None,
+    logit_bias: Mapping[Any, float] | None = None,
+    logprobs: bool | None = None,
+    top_logprobs: int | None = None,
+    ignore_eos: bool | None = None,
+    min_tokens: int | None = None,
+    n: int | None = None,
+    close_on_length: bool | None = None,
     tools: Sequence[Mapping[str, Any]] | None = None,
     tool_choice: str | Mapping[str, Any] | None = None,
     parallel_tool_calls: bool | None = None,
@@ -96,9 +148,24 @@ def build_request(
         temperature=_number("temperature", temperature, 1.0, low=0.0),
         top_p=_top_p(top_p),
         top_k=_top_k(top_k),
+        min_p=_number("min_p", min_p, 0.0, low=0.0, high=1.0),
         seed=_seed(seed),
         stop=_stop(stop),
+        stop_token_ids=_token_ids("stop_token_ids", stop_token_ids),
+        frequency_penalty=_number("frequency_penalty", frequency_penalty, 0.0, low=-2.0,
+                                  high=2.0),
+        presence_penalty=_number("presence_penalty", presence_penalty, 0.0, low=-2.0, high=2.0),
+        repetition_penalty=_repetition_penalty(repetition_penalty),
+        logit_bias=_logit_bias(logit_bias),
+        logprobs=_flag("logprobs", logprobs),
+        top_logprobs=_top_logprobs(top_logprobs, logprobs),
+        ignore_eos=_flag("ignore_eos", ignore_eos),
+        min_tokens=_count("min_tokens", min_tokens, 0),
+        n=_count("n", n, 1, low=1),
+        close_on_length=_flag("close_on_length", close_on_length, True),
     )
+    if sampling.min_tokens > sampling.max_tokens:
+        raise InvalidRequestError("min_tokens must not exceed max_tokens", "min_tokens")
     if grammar is not None and response_format is not None:
         raise InvalidRequestError("pass either grammar or response_format, not both", "grammar")
     kind = _format_type(response_format)
@@ -142,13 +209,15 @@ def build_request(
 
 def openai_request(body: Any, *, chat: bool) -> tuple[Any, dict[str, Any]]:
     """(prompt or messages, `Engine.generate` options) of an OpenAI request body: chat
-    completions when `chat`, else legacy completions. Unknown fields are ignored; `grammar`
-    (PEG text) and `top_k` are pegmask extensions."""
+    completions when `chat`, else legacy completions. `grammar` (PEG text), `top_k`, `min_p`,
+    `repetition_penalty`, `stop_token_ids`, `ignore_eos`, `min_tokens` (vLLM's names) and
+    `close_on_length` are extensions. Fields pegmask does not know are logged and ignored."""
     if not isinstance(body, Mapping):
         raise InvalidRequestError("the request body must be a JSON object")
     for name, off in _UNSUPPORTED.items():
         if body.get(name) not in off:
             raise InvalidRequestError(f"{name}={body[name]!r} is not supported", name)
+    log_unknown_fields(body, ("chat" if chat else "completions"))
     options = {name: body[name] for name in _SAMPLING_FIELDS if body.get(name) is not None}
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if max_tokens is not None:
@@ -156,13 +225,22 @@ def openai_request(body: Any, *, chat: bool) -> tuple[Any, dict[str, Any]]:
     elif not chat:
         options["max_tokens"] = LEGACY_COMPLETION_MAX_TOKENS
     options.update({name: body[name] for name in _SHAPE_FIELDS if body.get(name) is not None})
+    logprobs = body.get("logprobs")
     if not chat:
+        # Completions: `logprobs` is the number of alternatives (0-5), null for none.
+        if logprobs is not None:
+            options["logprobs"] = True
+            options["top_logprobs"] = _count("logprobs", logprobs, 0)
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1:
             prompt = prompt[0]
         if not isinstance(prompt, str):
             raise InvalidRequestError("prompt must be a string", "prompt")
         return prompt, options
+    if logprobs is not None:
+        options["logprobs"] = logprobs
+    if body.get("top_logprobs") is not None:
+        options["top_logprobs"] = body["top_logprobs"]
     if "messages" not in body:
         raise InvalidRequestError("messages is required", "messages")
     kwargs = body.get("chat_template_kwargs") or {}
@@ -174,6 +252,15 @@ def openai_request(body: Any, *, chat: bool) -> tuple[Any, dict[str, Any]]:
     if kwargs:
         options["chat_template_kwargs"] = kwargs
     return body["messages"], options
+
+
+def log_unknown_fields(body: Mapping[str, Any], api: str,
+                       known: frozenset[str] = frozenset()) -> None:
+    """Log the fields of a request body that pegmask neither uses nor knows to be harmless."""
+    unknown = sorted(set(body) - DESCRIPTIVE_FIELDS - known - set(_SAMPLING_FIELDS)
+                     - set(_SHAPE_FIELDS) - set(_UNSUPPORTED))
+    if unknown:
+        logger.warning("%s request: ignoring unknown fields %s", api, ", ".join(unknown))
 
 
 def grammar_for_format(response_format: Mapping[str, Any]) -> Grammar:
@@ -262,14 +349,79 @@ def _max_tokens(value: Any) -> int:
     return value
 
 
-def _number(name: str, value: Any, default: float, *, low: float) -> float:
+def _number(name: str, value: Any, default: float, *, low: float,
+            high: float | None = None) -> float:
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise InvalidRequestError(f"{name} must be a number", name)
     if value < low:
         raise InvalidRequestError(f"{name} must be >= {low}", name)
+    if high is not None and value > high:
+        raise InvalidRequestError(f"{name} must be <= {high}", name)
     return float(value)
+
+
+def _count(name: str, value: Any, default: int, *, low: int = 0) -> int:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise InvalidRequestError(f"{name} must be an integer >= {low}", name)
+    return value
+
+
+def _flag(name: str, value: Any, default: bool = False) -> bool:
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise InvalidRequestError(f"{name} must be a boolean", name)
+    return value
+
+
+def _repetition_penalty(value: Any) -> float:
+    penalty = _number("repetition_penalty", value, 1.0, low=0.0)
+    if penalty <= 0.0:
+        raise InvalidRequestError("repetition_penalty must be > 0", "repetition_penalty")
+    return penalty
+
+
+def _top_logprobs(value: Any, logprobs: Any) -> int:
+    count = _count("top_logprobs", value, 0)
+    if count > MAX_TOP_LOGPROBS:
+        raise InvalidRequestError(f"top_logprobs must be <= {MAX_TOP_LOGPROBS}", "top_logprobs")
+    if count and not logprobs:
+        raise InvalidRequestError("top_logprobs needs logprobs=true", "top_logprobs")
+    return count
+
+
+def _token_ids(name: str, value: Any) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, (list, tuple)) or not all(
+            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value):
+        raise InvalidRequestError(f"{name} must be a list of token ids", name)
+    return tuple(dict.fromkeys(value))
+
+
+def _logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
+    """OpenAI's `logit_bias`: token ids (JSON object keys, so strings) to values in
+    [-100, 100]."""
+    if value is None:
+        return ()
+    if not isinstance(value, Mapping):
+        raise InvalidRequestError("logit_bias must be an object of token id -> bias",
+                                  "logit_bias")
+    out = []
+    for key, bias in value.items():
+        try:
+            token = int(key)
+        except (TypeError, ValueError):
+            raise InvalidRequestError(f"logit_bias key {key!r} is not a token id",
+                                      "logit_bias") from None
+        if token < 0:
+            raise InvalidRequestError(f"logit_bias key {key!r} is not a token id", "logit_bias")
+        out.append((token, _number("logit_bias", bias, 0.0, low=-100.0, high=100.0)))
+    return tuple(out)
 
 
 def _top_p(value: Any) -> float:

@@ -1,147 +1,75 @@
-"""The OpenAI-compatible HTTP server: /v1/chat/completions, /v1/completions (streamed as SSE
-or not) and /v1/models, on one `Engine`.
+"""The HTTP server: one `Engine`, three API surfaces, shared health, metrics, auth and errors.
 
-Bodies are parsed with `json.loads`, which keeps key order: the order of a JSON Schema's
-properties is the order the grammar writes them in. Bad requests get OpenAI's 400 error shape
-before any decoding; generation runs in worker threads, one at a time (the engine's lock).
+    POST /v1/chat/completions, /v1/completions     OpenAI (engine/api_openai.py)
+    POST /v1/responses, GET /v1/responses/{id}     OpenAI Responses (engine/api_responses.py)
+    POST /v1/messages, /v1/messages/count_tokens   Anthropic Messages (engine/api_anthropic.py)
+    GET  /v1/models, /health, /metrics
+
+Routes run on the event loop and never decode: requests are prepared in worker threads and
+decoded by the engine's scheduler, which batches every request in flight. Errors take each
+API's own shape (engine/errors.py); `--api-key` guards every route but /health and /metrics.
 """
 
 from __future__ import annotations
 
-import json
-import time
-import uuid
-from collections.abc import Iterator
+import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
-from starlette.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
-from pegmask.engine.engine import Engine, GenerationResult, GenerationStream
-from pegmask.engine.requests import InvalidRequestError, openai_request
+from pegmask.engine import api_anthropic, api_openai, api_responses
+from pegmask.engine.engine import Engine
+from pegmask.engine.errors import APIError, as_api_error, error_body
+from pegmask.engine.metrics import CONTENT_TYPE
+from pegmask.engine.serving import GatewayMiddleware, ServerConfig, ServerContext, route_of
+
+logger = logging.getLogger("pegmask.server")
 
 
-def error_body(message: str, param: str | None = None, code: str | None = None,
-               kind: str = "invalid_request_error") -> dict[str, Any]:
-    """OpenAI's error object."""
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
-
-
-def chat_message(message: dict[str, Any]) -> dict[str, Any]:
-    """An assistant message as the API returns it: no empty `tool_calls`, no null reasoning."""
-    out = {"role": "assistant", "content": message.get("content")}
-    if message.get("reasoning_content") is not None:
-        out["reasoning_content"] = message["reasoning_content"]
-    if message.get("tool_calls"):
-        out["tool_calls"] = message["tool_calls"]
-    return out
-
-
-def completion_response(result: GenerationResult, model: str, *, chat: bool,
-                        response_id: str | None = None) -> dict[str, Any]:
-    """The non-streamed response object (chat.completion or text_completion)."""
-    choice: dict[str, Any] = {"index": 0, "finish_reason": result.finish_reason,
-                              "logprobs": None}
-    if chat:
-        choice["message"] = chat_message(result.message)
-    else:
-        choice["text"] = result.text
-    return {
-        "id": response_id or _new_id(chat),
-        "object": "chat.completion" if chat else "text_completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [choice],
-        "usage": result.usage,
-    }
-
-
-def create_app(engine: Engine) -> FastAPI:
+def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
     """The FastAPI application serving `engine`."""
+    context = ServerContext(engine, config or ServerConfig())
     app = FastAPI(title="pegmask", version="0.1.0")
-    model = engine.model_name
 
-    @app.exception_handler(InvalidRequestError)
-    async def invalid_request(_: Request, exc: InvalidRequestError) -> JSONResponse:
-        return JSONResponse(error_body(str(exc), exc.param), status_code=400)
+    @app.exception_handler(Exception)
+    async def any_error(request: Request, exc: Exception) -> JSONResponse:
+        error = as_api_error(exc)
+        if error.status >= 500:
+            logger.error("request failed", exc_info=exc)
+        return _error_response(request, error)
 
     @app.exception_handler(HTTPException)
-    async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
-        kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
-        return JSONResponse(error_body(str(exc.detail), kind=kind), status_code=exc.status_code)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        message = "no such route" if exc.status_code == 404 else str(exc.detail)
+        return _error_response(request, APIError(exc.status_code, message))
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [
-            {"id": model, "object": "model", "created": 0, "owned_by": "pegmask"},
+            {"id": name, "object": "model", "created": 0, "owned_by": "pegmask",
+             "max_model_len": engine.backend.context_length}
+            for name in context.model_names
         ]}
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Any:
-        return await _complete(engine, model, await _json_body(request), chat=True)
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "model": context.model, "running": engine.scheduler.running,
+                "queued": engine.scheduler.queued}
 
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Any:
-        return await _complete(engine, model, await _json_body(request), chat=False)
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(engine.metrics.render(), media_type=CONTENT_TYPE)
 
+    api_openai.register(app, context)
+    api_responses.register(app, context)
+    api_anthropic.register(app, context)
+    app.add_middleware(GatewayMiddleware, context=context)
     return app
 
 
-async def _json_body(request: Request) -> Any:
-    try:
-        return json.loads(await request.body())
-    except ValueError as exc:
-        raise InvalidRequestError(f"the request body is not valid JSON: {exc}") from exc
-
-
-async def _complete(engine: Engine, model: str, body: Any, *, chat: bool) -> Any:
-    source, options = openai_request(body, chat=chat)
-    stream = bool(body.get("stream"))
-    if not stream:
-        result = await run_in_threadpool(engine.generate, source, **options)
-        return completion_response(result, model, chat=chat)
-    # Validation and preparation happen here, so errors are still a 400, not a broken stream.
-    deltas = await run_in_threadpool(engine.generate, source, stream=True, **options)
-    stream_options = body.get("stream_options") or {}
-    include_usage = isinstance(stream_options, dict) and bool(stream_options.get("include_usage"))
-    events = _sse(deltas, model, chat=chat, include_usage=include_usage)
-    return StreamingResponse(events, media_type="text/event-stream")
-
-
-def _sse(stream: GenerationStream, model: str, *, chat: bool,
-         include_usage: bool) -> Iterator[str]:
-    """Server-sent events: one chunk per delta, a chunk with the finish_reason, the usage chunk
-    when asked for, then `[DONE]`."""
-    response_id = _new_id(chat)
-    created = int(time.time())
-
-    def chunk(choices: list[dict[str, Any]], **extra: Any) -> str:
-        body = {"id": response_id, "object": "chat.completion.chunk" if chat else
-                "text_completion", "created": created, "model": model, "choices": choices,
-                **extra}
-        return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
-
-    def choice(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
-        if chat:
-            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-        return {"index": 0, "text": delta.get("text", ""), "logprobs": None,
-                "finish_reason": finish_reason}
-
-    try:
-        for delta in stream:
-            yield chunk([choice(delta)])
-        result = stream.result
-        yield chunk([choice({}, result.finish_reason)])
-        if include_usage:
-            yield chunk([], usage=result.usage)
-    except Exception as exc:  # noqa: BLE001 - the stream has started: report, then end it
-        yield f"data: {json.dumps(error_body(str(exc), kind='server_error'))}\n\n"
-    finally:
-        stream.close()  # a client that went away frees the engine
-    yield "data: [DONE]\n\n"
-
-
-def _new_id(chat: bool) -> str:
-    return f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+def _error_response(request: Request, error: APIError) -> JSONResponse:
+    _, style = route_of(request.url.path)
+    headers = {"Retry-After": "1"} if error.status == 429 else None
+    return JSONResponse(error_body(error, style), status_code=error.status, headers=headers)

@@ -1,10 +1,12 @@
-"""Sampling from masked logits: greedy at temperature 0, else temperature, top-k and top-p.
+"""Sampling from masked logits: greedy at temperature 0, else temperature, top-k, top-p and min-p.
 
 Masked-out tokens hold -inf, so softmax gives them probability 0 and no filter here can bring
 them back; a row with no allowed token is an error rather than a silent pick of token 0.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -15,13 +17,16 @@ def sample_masked(
     top_p: float = 1.0,
     top_k: int = 0,
     generator: torch.Generator | None = None,
+    min_p: float = 0.0,
 ) -> torch.Tensor:
     """One token id per row of `logits` (`(batch, V)` -> `(batch,)`, `(V,)` -> scalar tensor).
 
     `temperature <= 0` is greedy (argmax). `top_k > 0` keeps the k best tokens; `top_p < 1`
-    keeps the smallest set of best tokens whose probability reaches `top_p`. `generator` makes
-    the draw reproducible.
+    keeps the smallest set of best tokens whose probability reaches `top_p`; `min_p > 0` drops
+    tokens less likely than `min_p` times the best one. `generator` makes the draw reproducible.
     """
+    if not 0.0 <= min_p <= 1.0:
+        raise ValueError(f"min_p must be in [0, 1], got {min_p}")
     if not 0.0 < top_p <= 1.0:
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
     if top_k < 0:
@@ -41,6 +46,10 @@ def sample_masked(
         before = probs.cumsum(dim=-1) - probs
         ordered = ordered.masked_fill(before >= top_p, float("-inf"))
         scores = torch.empty_like(scores).scatter_(-1, order, ordered)
+    if min_p > 0.0:
+        # p_i >= min_p * p_max  <=>  score_i >= score_max + log(min_p)
+        floor = scores.amax(dim=-1, keepdim=True) + math.log(min_p)
+        scores = scores.masked_fill(scores < floor, float("-inf"))
     # Inverse-CDF draw: a cumulative sum and a binary search, some 30x cheaper than
     # torch.multinomial over a whole vocabulary on a CPU. A token of probability 0 spans an
     # empty interval of the CDF, so it is never drawn.

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 # `pegmask bench` names from DESIGN.md -> modules of pegmask.bench
-BENCH_ALIASES = {"grammars": "grammar_bench", "e2e": "decode_throughput"}
+BENCH_ALIASES = {"grammars": "grammar_bench", "e2e": "decode_throughput",
+                 "serve": "serve_bench"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -68,18 +69,24 @@ def _parser() -> argparse.ArgumentParser:
     chat.add_argument("--system", help="a system message")
     chat.set_defaults(run=_chat)
 
-    serve = commands.add_parser("serve", help="OpenAI-compatible HTTP server")
+    serve = commands.add_parser(
+        "serve", help="HTTP server: OpenAI Chat Completions, Completions and Responses, "
+                      "Anthropic Messages")
     _model_options(serve)
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--api-key", help="require this key (Bearer or x-api-key); default: none")
+    serve.add_argument("--served-model-name", action="append", default=[],
+                       help="a model name clients may use (repeatable; the first is reported)")
+    serve.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024,
+                       help="largest request body (default 8 MiB; larger: 413)")
+    serve.add_argument("--log-level", default="info", help="uvicorn's log level")
     serve.set_defaults(run=_serve)
 
     batch = commands.add_parser("run-batch", help="answer a JSONL file of OpenAI requests")
     _model_options(batch)
     batch.add_argument("-i", "--input", required=True, type=Path)
     batch.add_argument("-o", "--output", required=True, type=Path)
-    batch.add_argument("--batch-size", type=int, default=8,
-                       help="requests decoded together (default 8)")
     batch.set_defaults(run=_run_batch)
 
     bench = commands.add_parser("bench", help="benchmarks (pegmask.bench modules)",
@@ -96,6 +103,14 @@ def _model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dialect", default="auto",
                         help="hermes, hermes-xml, harmony, llmjp-harmony, dsml (default: detect)")
     parser.add_argument("--threads", type=int, help="torch CPU threads")
+    parser.add_argument("--max-running", type=int, default=32,
+                        help="sequences decoding at once (default 32)")
+    parser.add_argument("--max-queued", type=int, default=256,
+                        help="requests waiting for room (default 256; more: 429)")
+    parser.add_argument("--prefill-chunk", type=int, default=256,
+                        help="prompt tokens per decode step (default 256)")
+    parser.add_argument("--request-timeout", type=float, default=None,
+                        help="seconds a request may take, queue included (default: no limit)")
 
 
 def _sampling_options(parser: argparse.ArgumentParser) -> None:
@@ -114,7 +129,9 @@ def _engine(args: argparse.Namespace) -> Any:
         torch.set_num_threads(args.threads)
     from pegmask.engine import Engine
 
-    return Engine(args.model, device=args.device, dtype=args.dtype, dialect=args.dialect)
+    return Engine(args.model, device=args.device, dtype=args.dtype, dialect=args.dialect,
+                  max_running=args.max_running, max_queued=args.max_queued,
+                  prefill_chunk=args.prefill_chunk, request_timeout_s=args.request_timeout)
 
 
 def _sampling(args: argparse.Namespace) -> dict[str, Any]:
@@ -235,45 +252,57 @@ def _serve(args: argparse.Namespace, _: list[str]) -> int:
     import uvicorn
 
     from pegmask.engine.server import create_app
+    from pegmask.engine.serving import ServerConfig
 
-    uvicorn.run(create_app(_engine(args)), host=args.host, port=args.port)
+    config = ServerConfig(api_key=args.api_key,
+                          served_model_names=tuple(args.served_model_name),
+                          max_body_bytes=args.max_body_bytes)
+    engine = _engine(args)
+    try:
+        uvicorn.run(create_app(engine, config), host=args.host, port=args.port,
+                    log_level=args.log_level)
+    finally:
+        engine.close()
     return 0
 
 
 def _run_batch(args: argparse.Namespace, _: list[str]) -> int:
     """Each input line is a request body (chat if it has `messages`, else a completion), or an
     OpenAI Batch API line `{"custom_id", "url", "body"}`; each output line answers one input
-    line, in order, in the same form."""
+    line, in order, in the same form. Every request goes to the scheduler at once; it decodes
+    `--max-running` of them together."""
+    from pegmask.engine.api_openai import completion_response
+    from pegmask.engine.errors import as_api_error, error_body
     from pegmask.engine.requests import InvalidRequestError, openai_request
-    from pegmask.engine.server import completion_response, error_body
 
-    engine = _engine(args)
     lines = [json.loads(line) for line in args.input.read_text(encoding="utf-8").splitlines()
              if line.strip()]
+    args.max_queued = max(args.max_queued, len(lines))  # the whole file waits in the queue
+    engine = _engine(args)
+    answers: list[Any] = [None] * len(lines)
+    pending = []
+    for i, line in enumerate(lines):
+        body = line.get("body", line) if isinstance(line, dict) else line
+        chat = isinstance(body, dict) and ("messages" in body or
+                                            line.get("url", "").endswith("/chat/completions"))
+        try:
+            source, options = openai_request(body, chat=chat)
+            pending.append((i, chat, engine.submit(engine.request(source, **options))))
+        except InvalidRequestError as exc:
+            answers[i] = error_body(as_api_error(exc))
+    for i, chat, submission in pending:
+        try:
+            result = engine.wait(submission)
+            answers[i] = completion_response(result, engine.model_name, chat=chat,
+                                             vocab=engine.vocab)
+        except Exception as exc:  # noqa: BLE001 - one failed line does not stop the batch
+            answers[i] = error_body(as_api_error(exc))
     failed = 0
     with args.output.open("w", encoding="utf-8") as out:
-        for start in range(0, len(lines), max(1, args.batch_size)):
-            chunk = lines[start : start + max(1, args.batch_size)]
-            answers: list[Any] = [None] * len(chunk)
-            requests, positions = [], []
-            for i, line in enumerate(chunk):
-                body = line.get("body", line) if isinstance(line, dict) else line
-                chat = isinstance(body, dict) and ("messages" in body or
-                                                    line.get("url", "").endswith("/chat/completions"))
-                try:
-                    source, options = openai_request(body, chat=chat)
-                    requests.append({("messages" if chat else "prompt"): source, **options})
-                    positions.append((i, chat))
-                except InvalidRequestError as exc:
-                    answers[i] = error_body(str(exc), exc.param)
-            results = engine.generate_batch(requests, return_errors=True) if requests else []
-            for (i, chat), result in zip(positions, results, strict=True):
-                answers[i] = (error_body(str(result), result.param)
-                              if isinstance(result, InvalidRequestError) else
-                              completion_response(result, engine.model_name, chat=chat))
-            for line, answer in zip(chunk, answers, strict=True):
-                failed += "error" in answer
-                out.write(json.dumps(_batch_line(line, answer), ensure_ascii=False) + "\n")
+        for line, answer in zip(lines, answers, strict=True):
+            failed += "error" in answer
+            out.write(json.dumps(_batch_line(line, answer), ensure_ascii=False) + "\n")
+    engine.close()
     print(f"{len(lines)} requests, {failed} failed -> {args.output}", file=sys.stderr)
     return 1 if failed else 0
 

@@ -1,0 +1,101 @@
+"""Sequence runners: the model's batched forward over many independent sequences.
+
+The scheduler never sees a KV cache. It opens a sequence per request (`add`), appends tokens to
+any set of sequences in one call (`forward`: a prompt chunk for one, a sampled token for each of
+the others), gets the logits after each chunk's last token, copies a sequence to share a prompt's
+prefill (`fork`, for `n > 1`), and drops sequences that end (`remove`). Sequences join and leave
+between any two calls: that is what continuous batching needs from a model.
+
+Two implementations: `LlamaRunner` (engine/llama_runner.py), a lean forward for llama-family
+decoders whose KV cache is one tensor with a slot per sequence, and `TransformersRunner` below,
+for any other causal LM transformers loads: each sequence keeps its own transformers cache and
+is run on its own (correct for every architecture, not batched).
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import torch
+
+Chunk = tuple[int, Sequence[int]]  # (sequence id, token ids to append)
+
+
+class SequenceRunner(Protocol):
+    """What the scheduler needs from a model (see the module docstring)."""
+
+    device: torch.device
+    logits_width: int
+
+    def add(self) -> int:
+        """Open an empty sequence; returns its id."""
+        ...
+
+    def fork(self, seq: int) -> int:
+        """A new sequence holding a copy of `seq`'s tokens."""
+        ...
+
+    def remove(self, seq: int) -> None:
+        """Drop a sequence and free its cache."""
+        ...
+
+    def length(self, seq: int) -> int:
+        """Tokens in the sequence so far."""
+        ...
+
+    def forward(self, chunks: Sequence[Chunk]) -> torch.Tensor:
+        """Append each chunk's tokens to its sequence (at most one chunk per sequence, none
+        empty); float32 logits `(len(chunks), logits_width)` after each chunk's last token."""
+        ...
+
+
+class TransformersRunner:
+    """Any transformers causal LM, one forward per sequence (see the module docstring)."""
+
+    def __init__(self, model: Any, device: torch.device):
+        self.model = model
+        self.device = device
+        self.logits_width = int(model.get_output_embeddings().weight.shape[0])
+        self._caches: dict[int, Any] = {}
+        self._lengths: dict[int, int] = {}
+        self._next = 0
+        # transformers 5 renamed `past_key_values` to `cache`; accept either.
+        params = inspect.signature(model.forward).parameters
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+
+    def add(self) -> int:
+        from transformers import DynamicCache
+
+        seq, self._next = self._next, self._next + 1
+        self._caches[seq] = DynamicCache()
+        self._lengths[seq] = 0
+        return seq
+
+    def fork(self, seq: int) -> int:
+        new = self.add()
+        self._caches[new] = copy.deepcopy(self._caches[seq])
+        self._lengths[new] = self._lengths[seq]
+        return new
+
+    def remove(self, seq: int) -> None:
+        self._caches.pop(seq, None)
+        self._lengths.pop(seq, None)
+
+    def length(self, seq: int) -> int:
+        return self._lengths[seq]
+
+    @torch.inference_mode()
+    def forward(self, chunks: Sequence[Chunk]) -> torch.Tensor:
+        rows = []
+        for seq, tokens in chunks:
+            start = self._lengths[seq]
+            ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)
+            positions = torch.arange(start, start + len(tokens), device=self.device)[None]
+            out = self.model(input_ids=ids, position_ids=positions, use_cache=True,
+                             logits_to_keep=1, **{self._cache_arg: self._caches[seq]})
+            self._lengths[seq] = start + len(tokens)
+            rows.append(out.logits[0, -1].float())
+        return torch.stack(rows)

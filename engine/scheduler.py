@@ -1,0 +1,410 @@
+"""The scheduler: one decode loop owns the model; every request is submitted to it.
+
+`Engine.generate`, `generate_batch`, `run-batch` and the server all call `Scheduler.submit` from
+any thread with a prepared request (a `RowSpec`: prompt tokens, compiled grammar, sampling). The
+loop runs in its own thread. Between two steps it admits waiting requests while there is room
+for their choices (`Limits.max_running`), and drops the rows of cancelled or timed-out requests.
+Each step is one forward over every row's new tokens: a prompt chunk of at most
+`Limits.prefill_chunk` tokens for requests still prefilling, the sampled (and jump-forward)
+tokens of the others, so a long prompt never stalls the rows that decode. Then every row that
+has logits is masked (one bitmask for the step), sampled and advanced on its own: one row's
+failure ends only its request. A request with `n > 1` prefills its prompt once; its other
+choices are copies of that sequence.
+
+A `Submission` is the caller's handle: the events of its choices (OpenAI deltas, log-probs,
+finish reasons) read with `events()` from a thread or `aevents()` from asyncio, `cancel()`,
+and its rows once it is done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from pegmask.engine.decode import DecodeStats, Delta, Row, RowSpec, TokenLogprob
+from pegmask.kernels import allocate_token_bitmask, apply_token_bitmask_inplace
+
+if TYPE_CHECKING:
+    from pegmask.engine.metrics import Metrics
+    from pegmask.engine.runner import Chunk, SequenceRunner
+    from pegmask.grammars.vocab import Vocabulary
+
+logger = logging.getLogger("pegmask.scheduler")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds of one engine: rows decoding at once (each choice of a request is a row), requests
+    waiting for room, prompt tokens per step, and the time a request may take (queue included;
+    None: no bound)."""
+
+    max_running: int = 32
+    max_queued: int = 256
+    prefill_chunk: int = 256
+    request_timeout_s: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_running", "max_queued", "prefill_chunk"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1")
+        if self.request_timeout_s is not None and self.request_timeout_s <= 0:
+            raise ValueError("request_timeout_s must be positive")
+
+
+class QueueFullError(RuntimeError):
+    """The scheduler's queue holds `max_queued` requests already (HTTP 429)."""
+
+
+class RequestTimeoutError(RuntimeError):
+    """The request ran past `request_timeout_s`."""
+
+
+class SchedulerClosedError(RuntimeError):
+    """The engine was closed while the request waited or ran."""
+
+
+@dataclass
+class Event:
+    """What one step released for one choice of a request."""
+
+    index: int
+    deltas: list[Delta]
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: str | None = None
+
+
+_DONE = object()
+
+
+class Submission:
+    """A request handed to the scheduler (see the module docstring)."""
+
+    def __init__(self, spec: RowSpec, timeout_s: float | None):
+        self.spec = spec
+        self.rows: list[Row] = []  # one per choice, made when the request is admitted
+        self.submitted_at = time.monotonic()
+        self.deadline = None if timeout_s is None else self.submitted_at + timeout_s
+        self.first_token_at: float | None = None
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+        self.cancelled = False
+        self._items: deque[Any] = deque()
+        self._cond = threading.Condition()
+        self._async_wakeup: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
+
+    def cancel(self) -> None:
+        """Give up: the scheduler drops the request's rows before its next step."""
+        self.cancelled = True
+
+    def result(self, timeout: float | None = None) -> list[Row]:
+        """Wait for the end; the finished rows, or the request's error raised."""
+        if not self.done.wait(timeout):
+            raise TimeoutError("the request is still running")
+        if self.error is not None:
+            raise self.error
+        return self.rows
+
+    def events(self) -> Iterator[Event]:
+        """The request's events as they come, from any thread; raises the request's error."""
+        while True:
+            with self._cond:
+                while not self._items:
+                    self._cond.wait()
+                item = self._items.popleft()
+            if item is _DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    async def aevents(self) -> AsyncIterator[Event]:
+        """`events()` for asyncio: awaits without blocking the event loop."""
+        wakeup = asyncio.Event()
+        with self._cond:
+            self._async_wakeup = (asyncio.get_running_loop(), wakeup)
+        while True:
+            with self._cond:
+                item = self._items.popleft() if self._items else None
+                if item is None:
+                    wakeup.clear()
+            if item is None:
+                await wakeup.wait()
+                continue
+            if item is _DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    # ----------------------------------------------------------------- the loop's side
+    def _put(self, item: Any) -> None:
+        with self._cond:
+            self._items.append(item)
+            self._cond.notify_all()
+            wakeup = self._async_wakeup
+        if wakeup is not None:
+            loop, event = wakeup
+            try:
+                loop.call_soon_threadsafe(event.set)
+            except RuntimeError:  # the consumer's event loop is closed: nobody listens
+                pass
+
+    def _finish(self, error: BaseException | None = None) -> None:
+        if self.done.is_set():
+            return
+        self.error = error
+        self._put(error if error is not None else _DONE)
+        self.done.set()
+
+
+@dataclass
+class _Prefill:
+    """A request whose prompt is still going into the model's cache."""
+
+    submission: Submission
+    seq: int
+    position: int = 0
+
+
+class Scheduler:
+    """The decode loop and its queue (see the module docstring)."""
+
+    def __init__(self, runner: SequenceRunner, vocab: Vocabulary, limits: Limits,
+                 stats: DecodeStats, metrics: Metrics | None = None,
+                 on_finish: Callable[[Submission], None] | None = None):
+        self.runner = runner
+        self.on_finish = on_finish  # called in the loop for each request that ends well
+        self.vocab = vocab
+        self.limits = limits
+        self.stats = stats
+        self.metrics = metrics
+        self._cond = threading.Condition()
+        self._waiting: deque[Submission] = deque()
+        self._prefilling: list[_Prefill] = []
+        self._decoding: list[Row] = []
+        self._active: list[Submission] = []  # admitted, not finished
+        self._owner: dict[Row, Submission] = {}
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    # ----------------------------------------------------------------- callers' side
+    def submit(self, spec: RowSpec) -> Submission:
+        """Queue a prepared request; raises QueueFullError when the queue is full."""
+        if spec.sampling.n > self.limits.max_running:
+            raise ValueError(f"n={spec.sampling.n} exceeds the engine's "
+                             f"{self.limits.max_running} running sequences")
+        submission = Submission(spec, self.limits.request_timeout_s)
+        with self._cond:
+            if self._closed:
+                raise SchedulerClosedError("the engine is closed")
+            if len(self._waiting) >= self.limits.max_queued:
+                raise QueueFullError(
+                    f"{len(self._waiting)} requests are queued already (max_queued)")
+            self._waiting.append(submission)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="pegmask-decode",
+                                                daemon=True)
+                self._thread.start()
+            self._cond.notify()
+        return submission
+
+    @property
+    def queued(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def running(self) -> int:
+        """Rows (choices) admitted and not finished."""
+        return len(self._decoding) + sum(p.submission.spec.sampling.n for p in self._prefilling)
+
+    def close(self) -> None:
+        """Stop the loop; requests still waiting or running end with SchedulerClosedError."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    # ----------------------------------------------------------------- the loop
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._closed or self._waiting or self._active):
+                    self._cond.wait()
+                if self._closed:
+                    break
+                self._admit()
+            self._drop_ended()
+            if not (self._prefilling or self._decoding):
+                continue
+            try:
+                self._step()
+            except Exception as exc:  # noqa: BLE001 - the model failed: fail this step's rows
+                logger.exception("decode step failed")
+                for submission in list(self._active):
+                    self._end(submission, exc)
+        error = SchedulerClosedError("the engine was closed")
+        with self._cond:
+            waiting, self._waiting = list(self._waiting), deque()
+        for submission in waiting + list(self._active):
+            self._end(submission, error)
+
+    def _admit(self) -> None:
+        """Move waiting requests in while their choices fit (first come, first served)."""
+        while self._waiting:
+            submission = self._waiting[0]
+            if self.running + submission.spec.sampling.n > self.limits.max_running:
+                return
+            self._waiting.popleft()
+            if submission.cancelled:
+                submission._finish()
+                continue
+            try:
+                spec = submission.spec
+                submission.rows = [Row(spec, i, self.vocab, self.runner.device)
+                                   for i in range(spec.sampling.n)]
+            except Exception as exc:  # noqa: BLE001 - a request that cannot start fails alone
+                submission._finish(exc)
+                continue
+            self._active.append(submission)
+            self._owner.update(dict.fromkeys(submission.rows, submission))
+            self._prefilling.append(_Prefill(submission, self.runner.add()))
+
+    def _drop_ended(self) -> None:
+        """End cancelled requests and those past their deadline, queued ones included."""
+        now = time.monotonic()
+        with self._cond:
+            expired = [s for s in self._waiting if s.cancelled or _late(s, now)]
+            for submission in expired:
+                self._waiting.remove(submission)
+        for submission in expired + [s for s in self._active if s.cancelled or _late(s, now)]:
+            error = None if submission.cancelled else RequestTimeoutError(
+                f"the request ran past {self.limits.request_timeout_s} s")
+            self._end(submission, error)
+
+    def _end(self, submission: Submission, error: BaseException | None) -> None:
+        """Take a request's rows out of the batch and the runner; report its end."""
+        for prefill in [p for p in self._prefilling if p.submission is submission]:
+            self._prefilling.remove(prefill)
+            self.runner.remove(prefill.seq)
+        for row in submission.rows:
+            self._owner.pop(row, None)
+            if row in self._decoding:
+                self._decoding.remove(row)
+                self.runner.remove(row.seq)
+        if submission in self._active:
+            self._active.remove(submission)
+        if self.metrics is not None:
+            self.metrics.request_ended(submission)
+        if error is None and self.on_finish is not None and submission.rows:
+            try:
+                self.on_finish(submission)
+            except Exception:  # noqa: BLE001 - bookkeeping must not fail the request
+                logger.exception("on_finish failed")
+        submission._finish(error)
+
+    def _step(self) -> None:
+        started = time.perf_counter()
+        chunks: list[Chunk] = []
+        samplers: list[list[Row]] = []  # per chunk: the rows that sample from its logits
+        for row in self._decoding:
+            chunks.append((row.seq, row.pending))
+            samplers.append([row])
+        decoding = len(chunks)
+        budget = self.limits.prefill_chunk
+        completed: list[_Prefill] = []
+        for prefill in self._prefilling:
+            if budget <= 0:
+                break
+            prompt = prefill.submission.spec.prompt_ids
+            piece = prompt[prefill.position : prefill.position + budget]
+            prefill.position += len(piece)
+            budget -= len(piece)
+            chunks.append((prefill.seq, piece))
+            if prefill.position == len(prompt):
+                completed.append(prefill)
+                samplers.append(self._start_rows(prefill))
+            else:
+                samplers.append([])
+        logits = self.runner.forward(chunks)
+        forwarded = time.perf_counter()
+        for prefill in completed:
+            self._prefilling.remove(prefill)
+            self.stats.prompt_tokens += len(prefill.submission.spec.prompt_ids)
+        rows = [row for group in samplers for row in group]
+        index = torch.tensor([i for i, group in enumerate(samplers) for _ in group],
+                             dtype=torch.long, device=logits.device)
+        logits = logits.index_select(0, index)  # a copy each row may edit
+        bitmask = allocate_token_bitmask(len(rows), logits.shape[-1])
+        need = [row.matcher is not None and row.matcher.fill_next_token_bitmask(bitmask, i)
+                for i, row in enumerate(rows)]
+        masked_rows = [i for i, flag in enumerate(need) if flag]
+        device_mask = bitmask if logits.device.type == "cpu" else bitmask.to(logits.device)
+        if masked_rows:
+            apply_token_bitmask_inplace(logits, device_mask, indices=masked_rows)
+        masked = time.perf_counter()
+        for i, row in enumerate(rows):
+            self._sample(row, logits[i], device_mask[i], need[i])
+        done = time.perf_counter()
+        self._account(started, forwarded, masked, done, decoding, rows)
+
+    def _start_rows(self, prefill: _Prefill) -> list[Row]:
+        """A request's prompt is in: its rows decode from now on (the first on the prefilled
+        sequence, the others on copies of it)."""
+        rows = prefill.submission.rows
+        for i, row in enumerate(rows):
+            row.seq = prefill.seq if i == 0 else self.runner.fork(prefill.seq)
+            self._decoding.append(row)
+        return rows
+
+    def _sample(self, row: Row, logits: torch.Tensor, bitmask: torch.Tensor,
+                masked: bool) -> None:
+        submission = self._owner[row]
+        before, generated, forced = len(row.logprobs), len(row.generated), row.forced
+        try:
+            picked = row.sample(logits, bitmask, masked)
+            # No allowed token: the grammar cannot be finished, the output is cut short.
+            deltas = row.finish("length") if picked is None else row.advance(*picked)
+        except Exception as exc:  # noqa: BLE001 - one row's failure ends only its request
+            logger.exception("a row failed")
+            self._end(submission, exc)
+            return
+        self.stats.tokens += len(row.generated) - generated
+        self.stats.forced_tokens += row.forced - forced
+        if submission.first_token_at is None:
+            submission.first_token_at = time.monotonic()
+            if self.metrics is not None:
+                self.metrics.first_token(submission)
+        if deltas or row.finish_reason is not None or len(row.logprobs) > before:
+            submission._put(Event(row.index, deltas, row.logprobs[before:], row.finish_reason))
+        if row.finish_reason is not None:
+            self._decoding.remove(row)
+            self.runner.remove(row.seq)
+            if all(r.finish_reason is not None for r in submission.rows):
+                self._end(submission, None)
+
+    def _account(self, started: float, forwarded: float, masked: float, done: float,
+                 decoding: int, rows: list[Row]) -> None:
+        stats = self.stats
+        stats.steps += 1
+        if decoding:
+            stats.forward_s += forwarded - started
+        else:
+            stats.prefill_s += forwarded - started
+        stats.mask_s += masked - forwarded
+        stats.sample_s += done - masked
+        if self.metrics is not None:
+            self.metrics.step(len(rows), masked - forwarded)
+
+
+def _late(submission: Submission, now: float) -> bool:
+    return submission.deadline is not None and now > submission.deadline

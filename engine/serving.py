@@ -1,0 +1,204 @@
+"""What every API route of the server shares: reading the body, checking the model name, handing
+the request to the engine off the event loop, and waiting for it (cancelled when the client goes
+away). Plus the ASGI middleware that checks the API key and the body size and counts requests
+by API and status for /metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import Request
+from starlette.concurrency import run_in_threadpool
+
+from pegmask.engine.engine import Engine, GenerationResult, GenerationStream
+from pegmask.engine.errors import APIError, ApiStyle, error_body
+from pegmask.engine.requests import GenerationRequest
+
+DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+_DISCONNECT_POLL_S = 0.25
+
+# URL path -> (API name for /metrics, error style)
+_ROUTES: dict[str, tuple[str, ApiStyle]] = {
+    "/v1/chat/completions": ("chat_completions", "openai"),
+    "/v1/completions": ("completions", "openai"),
+    "/v1/responses": ("responses", "openai"),
+    "/v1/messages": ("messages", "anthropic"),
+    "/v1/messages/count_tokens": ("count_tokens", "anthropic"),
+    "/v1/models": ("models", "openai"),
+}
+_OPEN_PATHS = ("/health", "/metrics")  # no API key asked
+
+
+def route_of(path: str) -> tuple[str, ApiStyle]:
+    """(API name, error style) of a URL path."""
+    if path in _ROUTES:
+        return _ROUTES[path]
+    if path.startswith("/v1/responses/"):
+        return "responses", "openai"
+    if path.startswith("/v1/messages"):
+        return "messages", "anthropic"
+    return "other", "openai"
+
+
+@dataclass
+class ServerConfig:
+    """Options of `pegmask serve`: the API key (None: no key asked), the model names clients may
+    use (the engine's model name first), the largest request body, and how many Responses API
+    responses `previous_response_id` can refer to."""
+
+    api_key: str | None = None
+    served_model_names: tuple[str, ...] = ()
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    response_store_size: int = 1024
+
+
+@dataclass
+class ServerContext:
+    """The engine and options a route works with."""
+
+    engine: Engine
+    config: ServerConfig
+    model_names: tuple[str, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.model_names = tuple(dict.fromkeys(
+            (*self.config.served_model_names, self.engine.model_name)))
+
+    @property
+    def model(self) -> str:
+        """The name responses report."""
+        return self.model_names[0]
+
+    def check_model(self, name: Any) -> None:
+        """404 for a model this server does not serve (a missing name means the default)."""
+        if name in (None, ""):
+            return
+        if not isinstance(name, str):
+            raise APIError(400, "model must be a string", "model")
+        if name not in self.model_names:
+            raise APIError(404, f"the model `{name}` does not exist; this server serves "
+                                f"{', '.join(self.model_names)}", "model")
+
+    async def body(self, request: Request) -> dict[str, Any]:
+        """The JSON object of a request body (413 past the size limit, 400 if not an object).
+        `json.loads` keeps key order: a schema's properties are written in the order sent."""
+        raw = await request.body()
+        if len(raw) > self.config.max_body_bytes:
+            raise APIError(413, f"the request body has {len(raw)} bytes; the limit is "
+                                f"{self.config.max_body_bytes}")
+        try:
+            body = json.loads(raw)
+        except ValueError as exc:
+            raise APIError(400, f"the request body is not valid JSON: {exc}") from exc
+        if not isinstance(body, dict):
+            raise APIError(400, "the request body must be a JSON object")
+        return body
+
+    async def start(self, request: GenerationRequest) -> GenerationStream:
+        """Prepare and queue `request` in a worker thread (rendering and compiling a grammar
+        never block the event loop); errors are raised here, before any response is sent."""
+        engine = self.engine
+        submission = await run_in_threadpool(engine.submit, request)
+        return GenerationStream(engine, submission, request.is_chat)
+
+    async def finish(self, http: Request, stream: GenerationStream) -> GenerationResult:
+        """Wait for a request that is not streamed; a client that disconnects meanwhile has its
+        request cancelled."""
+        consumer = asyncio.ensure_future(_drain(stream))
+        try:
+            while True:
+                done, _ = await asyncio.wait({consumer}, timeout=_DISCONNECT_POLL_S)
+                if done:
+                    break
+                if await http.is_disconnected():
+                    stream.close()
+                    raise APIError(499, "the client disconnected")
+        finally:
+            if not consumer.done():
+                consumer.cancel()
+        consumer.result()
+        assert stream.result is not None
+        return stream.result
+
+
+async def _drain(stream: GenerationStream) -> None:
+    async for _ in stream.aevents():
+        pass
+
+
+def string_or_none(body: Mapping[str, Any], name: str) -> str | None:
+    value = body.get(name)
+    if value is not None and not isinstance(value, str):
+        raise APIError(400, f"{name} must be a string", name)
+    return value
+
+
+# --------------------------------------------------------------------------- ASGI middleware
+ASGIApp = Callable[[MutableMapping[str, Any], Callable[..., Awaitable[Any]],
+                    Callable[..., Awaitable[Any]]], Awaitable[None]]
+
+
+class GatewayMiddleware:
+    """API key, body size and request counting, before any route runs (pure ASGI, so
+    streaming responses and client disconnects pass through untouched)."""
+
+    def __init__(self, app: ASGIApp, context: ServerContext):
+        self.app = app
+        self.context = context
+
+    async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope.get("path", "")
+        api, style = route_of(path)
+        status = {"code": 500}
+
+        async def counting_send(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        try:
+            error = self._refuse(scope, path)
+            if error is not None:
+                await _send_error(send, error, style)
+                status["code"] = error.status
+                return
+            await self.app(scope, receive, counting_send)
+        finally:
+            if path not in _OPEN_PATHS:
+                self.context.engine.metrics.http(api, status["code"])
+
+    def _refuse(self, scope: MutableMapping[str, Any], path: str) -> APIError | None:
+        headers = {key.decode("latin-1").lower(): value.decode("latin-1")
+                   for key, value in scope.get("headers", [])}
+        key = self.context.config.api_key
+        if key is not None and path not in _OPEN_PATHS:
+            given = headers.get("x-api-key")
+            authorization = headers.get("authorization", "")
+            if authorization.lower().startswith("bearer "):
+                given = authorization[len("bearer "):].strip()
+            if given is None or not hmac.compare_digest(given.encode(), key.encode()):
+                return APIError(401, "a valid API key is required (Authorization: Bearer KEY, "
+                                     "or x-api-key: KEY)")
+        length = headers.get("content-length")
+        if length is not None and length.isdigit():
+            if int(length) > self.context.config.max_body_bytes:
+                return APIError(413, f"the request body has {length} bytes; the limit is "
+                                     f"{self.context.config.max_body_bytes}")
+        return None
+
+
+async def _send_error(send: Any, error: APIError, style: ApiStyle) -> None:
+    payload = json.dumps(error_body(error, style)).encode()
+    await send({"type": "http.response.start", "status": error.status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(payload)).encode())]})
+    await send({"type": "http.response.body", "body": payload})

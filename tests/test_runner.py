@@ -1,0 +1,121 @@
+"""Sequence runners against transformers' own forward: `LlamaRunner` on tiny random models of
+each architecture it computes (and on the embedded SmolLM2), sequences joining, leaving and
+being copied between steps, prompt chunks next to one-token steps."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+from pegmask.engine.llama_runner import LlamaRunner, LlamaWeights, supports
+from pegmask.engine.model import load_backend
+from pegmask.engine.runner import TransformersRunner
+
+_COMMON = {"vocab_size": 97, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128}
+ARCHITECTURES = {
+    "llama": (LlamaConfig, LlamaForCausalLM, {}),
+    "llama-bias": (LlamaConfig, LlamaForCausalLM, {"attention_bias": True, "mlp_bias": True}),
+    "mistral": (MistralConfig, MistralForCausalLM, {"sliding_window": None}),
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM, {}),
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM, {"head_dim": 8}),
+}
+
+
+def tiny_model(name: str) -> torch.nn.Module:
+    config_class, model_class, extra = ARCHITECTURES[name]
+    torch.manual_seed(0)
+    model = model_class(config_class(**_COMMON, **extra)).eval()
+    for parameter in model.parameters():  # biases start at zero: make them count
+        torch.nn.init.normal_(parameter, std=0.2)
+    return model
+
+
+def drive(runner, reference) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The same script of joins, chunks, copies and leaves on both runners; each step's logits
+    of both."""
+    out = []
+    a, ra = runner.add(), reference.add()
+    out.append((runner.forward([(a, [1, 2, 3, 4, 5])]), reference.forward([(ra, [1, 2, 3, 4, 5])])))
+    b, rb = runner.add(), reference.add()
+    # b's prompt in two chunks, the first next to a's one-token step.
+    out.append((runner.forward([(a, [6]), (b, [7, 8, 9])]),
+                torch.cat([reference.forward([(ra, [6])]), reference.forward([(rb, [7, 8, 9])])])))
+    out.append((runner.forward([(b, [10, 11]), (a, [12])]),
+                torch.cat([reference.forward([(rb, [10, 11])]), reference.forward([(ra, [12])])])))
+    c, rc = runner.fork(b), reference.fork(rb)
+    out.append((runner.forward([(a, [13]), (b, [14]), (c, [15])]),
+                torch.cat([reference.forward([(ra, [13])]), reference.forward([(rb, [14])]),
+                           reference.forward([(rc, [15])])])))
+    runner.remove(a)
+    reference.remove(ra)
+    d, rd = runner.add(), reference.add()
+    out.append((runner.forward([(c, [16]), (d, [17, 18]), (b, [19, 20, 21])]),
+                torch.cat([reference.forward([(rc, [16])]), reference.forward([(rd, [17, 18])]),
+                           reference.forward([(rb, [19, 20, 21])])])))
+    assert runner.length(b) == reference.length(rb) == 9
+    assert runner.length(c) == 7 and runner.length(d) == 2
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+def test_llama_runner_matches_transformers(name: str) -> None:
+    model = tiny_model(name)
+    assert supports(model)
+    runner = LlamaRunner(LlamaWeights(model, fp16_weights=False))
+    for ours, theirs in drive(runner, TransformersRunner(model, torch.device("cpu"))):
+        assert ours.shape == theirs.shape
+        torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
+
+
+def test_float16_weights_stay_close_to_float32() -> None:
+    model = tiny_model("llama")
+    exact = drive(LlamaRunner(LlamaWeights(model, fp16_weights=False)),
+                  TransformersRunner(model, torch.device("cpu")))
+    rounded = drive(LlamaRunner(LlamaWeights(model, fp16_weights=True)),
+                    TransformersRunner(model, torch.device("cpu")))
+    for (ours, _), (half, _) in zip(exact, rounded, strict=True):
+        torch.testing.assert_close(half, ours, rtol=0.0, atol=2e-2)
+
+
+def test_unsupported_architectures_fall_back_to_transformers() -> None:
+    model = tiny_model("mistral")
+    model.config.sliding_window = 16  # shorter than the context: attention differs
+    assert not supports(model)
+
+
+def test_smollm2_runner_agrees_with_transformers() -> None:
+    backend = load_backend(None)
+    prompt = backend.encode("<|im_start|>user\nName three colours.<|im_end|>\n"
+                            "<|im_start|>assistant\n")
+    runner = backend.runner(fp16_weights=False)
+    reference = TransformersRunner(backend.model, backend.device)
+    seq, ref = runner.add(), reference.add()
+    ours, theirs = runner.forward([(seq, prompt)]), reference.forward([(ref, prompt)])
+    torch.testing.assert_close(ours, theirs, rtol=1e-3, atol=1e-3)
+    token = int(theirs.argmax())
+    torch.testing.assert_close(runner.forward([(seq, [token])]),
+                               reference.forward([(ref, [token])]), rtol=1e-3, atol=1e-3)
+    # The default CPU runner (float16 weights) picks the same greedy tokens here.
+    fast = backend.runner()
+    fast_seq = fast.add()
+    assert int(fast.forward([(fast_seq, prompt)]).argmax()) == token
+
+
+def test_runner_rejects_empty_chunks_and_overlong_sequences() -> None:
+    runner = LlamaRunner(LlamaWeights(tiny_model("llama"), fp16_weights=False))
+    seq = runner.add()
+    with pytest.raises(ValueError, match="at least one token"):
+        runner.forward([(seq, [])])
+    with pytest.raises(ValueError, match="exceeds the context"):
+        runner.forward([(seq, [1] * 129)])
