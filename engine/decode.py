@@ -254,7 +254,7 @@ class Row:
         matcher = self.matcher
         if masked and not bool(bitmask.any()):
             return None
-        self._process(logits)
+        self._process(logits, masked)
         token = self._draw(logits)
         if matcher is not None and not matcher.accept_token(token):
             if masked:
@@ -265,7 +265,7 @@ class Row:
                 return None
         return token, self._logprob(logits, token)
 
-    def _process(self, logits: torch.Tensor) -> None:
+    def _process(self, logits: torch.Tensor, masked: bool) -> None:
         sampling = self.spec.sampling
         if self._bias is not None:
             apply_logit_bias(logits, *self._bias)
@@ -284,8 +284,9 @@ class Row:
             ids = ids[ids < logits.shape[-1]]
             saved = logits[ids].clone()
             logits[ids] = float("-inf")
-            if not bool(torch.isfinite(logits).any()):
-                logits[ids] = saved  # the grammar allows nothing else: it wins
+            # Only a mask can leave nothing but the banned tokens; then the grammar wins.
+            if masked and not bool((logits > float("-inf")).any()):
+                logits[ids] = saved
 
     def _draw(self, logits: torch.Tensor) -> int:
         params = self.spec.sampling
