@@ -1168,7 +1168,9 @@ class CompiledGrammar:
         as generations reach new configurations; `GrammarCompiler` bounds the sum over its
         grammars."""
         rows = len(self._rows) * (2 if self._lexed else 1)
-        return (self.cached_mask_bytes + self._table.nbytes + rows * _ROW_BYTES
+        completions = self.__dict__.get("completions")  # (made on first use)
+        return ((completions.memory_bytes if completions is not None else 0)
+                + self.cached_mask_bytes + self._table.nbytes + rows * _ROW_BYTES
                 + self._pair_count * _PAIR_BYTES + self._token_next_count * _TOKEN_NEXT_BYTES
                 + (len(self._ascii_next) + len(self._multibyte_next)) * _SUCCESSORS_BYTES)
 
@@ -1270,7 +1272,7 @@ class GrammarMatcher:
         count = self.compiled.completions.plan_length(self._state)
         return None if count >= UNREACHABLE else count
 
-    def fill_closing_bitmask(self, bitmask: Any, index: int = 0, remaining: int = 1) -> None:
+    def fill_closing_bitmask(self, bitmask: Any, index: int, remaining: int) -> None:
         """Write into row `index` the tokens that close the output within `remaining` tokens
         (this one included): allowed tokens that lower `completion_distance` and leave a
         completion of at most `remaining - 1` tokens (`completion_token_count`); where the

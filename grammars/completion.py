@@ -49,6 +49,8 @@ if TYPE_CHECKING:
 
 UNREACHABLE = 1 << 60  # the distance where no completion exists
 _DEAD = 0  # the automaton's dead configuration
+_NO_BYTE = bytes(256)  # the accept table of the empty union
+_ENTRY_BYTES = 100  # a memoized figure: its dictionary slot and its int or tuple
 _SEARCH_LIMIT = 20_000  # configurations an exact search may expand before it gives up
 # Bytes a witness prefers where a class allows several (readable ones first).
 _PREFERRED = (b"abcdefghijklmnopqrstuvwxyz0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ "
@@ -78,7 +80,7 @@ def instruction_distances(program: Program, special_cost: Mapping[int, int]
             before[arg[pc]].append(pc)
             before[aux[pc]].append(pc)
         elif k == BYTE:
-            if any(accept[pc]):  # (the empty union reads no byte)
+            if accept[pc] != _NO_BYTE:  # (the empty union reads no byte)
                 before[arg[pc]].append(pc)
         elif k not in (RET, MATCH):
             before[arg[pc]].append(pc)
@@ -141,6 +143,16 @@ class Completions:
         self._plans: dict[int, tuple[int, int, int]] = {}  # (tokens, first token, after it)
         self._nice: dict[int, int] = {}  # per BYTE instruction, the byte a witness writes
         self._closing: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    @property
+    def memory_bytes(self) -> int:
+        """An estimate of what this holds: two figures per instruction, a few per
+        configuration met, the closing candidates (for `CompiledGrammar.memory_bytes`)."""
+        entries = (len(self._bounds) + len(self._exact) + len(self._toward) + len(self._plans)
+                   + len(self._frames))
+        candidates = sum(tokens.nbytes + lengths.nbytes for tokens, lengths
+                         in self._closing.values())
+        return 16 * len(self.dist) + _ENTRY_BYTES * entries + candidates
 
     # ----------------------------------------------------------------- lower bounds
     def _frame_cost(self, stack: int) -> int:
