@@ -13,6 +13,7 @@ every eighth configuration, beside the cold mask of that configuration.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from pathlib import Path
@@ -89,8 +90,10 @@ def main() -> None:
             f"| {row['configurations']} | {row['distance']} "
             f"| {row['cold_us']:.0f} | {row['cold_max_ms']:.1f} | {row['warm_us']:.1f} "
             f"| {row['closing_ms']:.2f} | {row['closing_vs_mask']:.2f}x |")
+    load = (f"Load average at the end of the run: {os.getloadavg()[0]:.1f} on "
+            f"{os.cpu_count()} CPUs (figures in ms scale with it; the ratios less so).")
     text = "\n".join(["# Shortest-completion cost (SmolLM2 vocabulary)", "",
-                      __doc__.split("\n\n")[1].replace("\n", " "), "", *lines, ""])
+                      __doc__.split("\n\n")[1].replace("\n", " "), "", load, "", *lines, ""])
     args.out.write_text(text)
     print(text)
 
