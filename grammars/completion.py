@@ -192,7 +192,7 @@ class Completions:
         compiled, best = self.compiled, UNREACHABLE
         while held:
             for symbol, spelling in self.spelling.items():
-                if len(spelling) > len(held) and spelling.startswith(held):
+                if spelling.startswith(held):  # (what follows a plain byte may be a whole one)
                     after = compiled._thread_step(base, symbol)
                     if after != _DEAD:
                         best = min(best, len(spelling) - len(held) + self.bound(after))
