@@ -282,7 +282,7 @@ def decode_within(compiled: CompiledGrammar, budget: int, margin: int,
     """Random allowed tokens under the engine's policy: the plain mask while more than
     `margin` tokens are left beyond the plan, the closing mask after that, the plan itself
     when the budget is the plan. A plain-mask token after which the plan no longer fits is
-    taken back for the plan's first token."""
+    taken back for the plan's first token (the output ends there if the plan is empty)."""
     matcher = compiled.matcher()
     bitmask = allocate_token_bitmask(1, compiled.vocab.size)
     out: list[int] = []
@@ -308,7 +308,10 @@ def decode_within(compiled: CompiledGrammar, budget: int, margin: int,
             break
         if not closing and matcher.completion_token_count() > remaining - 1:
             matcher.rollback(1)
-            token = matcher.completion_tokens()[0]
+            plan = matcher.completion_tokens()
+            if not plan:
+                break
+            token = plan[0]
             assert matcher.accept_token(token)
         out.append(token)
         remaining -= 1
