@@ -277,6 +277,7 @@ class Dialect:
             "min": request.min_calls,
             "max": request.max_calls,
             "strict": sorted(request.strict_tools & set(request.allowed_tools)),
+            "strict_arguments": request.strict_tool_arguments,
         }
         return (True, reasoning, json.dumps(shape, sort_keys=True), request.response_grammar)
 

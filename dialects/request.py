@@ -15,7 +15,9 @@ Public API (stable; other dialects and the engine build on it)::
     req = ChatRequest.from_openai(body)      # an OpenAI request body (extra keys ignored)
     req.tool_schemas       -> {name: parameters schema} of every declared tool, in order
     req.arguments_grammar(name, schema) -> the grammar node of a tool's (part) schema
-                              ("strict": true tools: objects closed)
+                              ("strict": true tools: objects closed; the others: objects
+                              that declare properties closed, unless strict_tool_arguments
+                              is False)
     req.allowed_tools      -> the names a call may use (tool_choice applied; [] for "none")
     req.min_calls          -> 1 for "required" / a named tool, else 0
     req.max_calls          -> 0 if no call can start, 1 without parallel calls, None = unbounded
@@ -54,10 +56,16 @@ class ChatRequest:
     parallel_tool_calls: bool = True
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     response_format: dict[str, Any] | None = None
+    #: objects in tool parameter schemas that declare their properties and say nothing of
+    #: `additionalProperties` take no others (xgrammar's strict mode, as vLLM applies it to
+    #: tool calls); False: plain JSON Schema, where such objects take any other property
+    strict_tool_arguments: bool = True
 
     def __post_init__(self) -> None:
         self.tools = list(self.tools or [])
         self.chat_template_kwargs = dict(self.chat_template_kwargs or {})
+        if not isinstance(self.strict_tool_arguments, bool):
+            raise RequestError("strict_tool_arguments must be a boolean", "strict_tool_arguments")
         self._schemas, self._strict_tools = _tool_schemas(self.tools)
         self._named = _named_tool(self.tool_choice)
         if self._named is not None and self._named not in self._schemas:
@@ -92,8 +100,12 @@ class ChatRequest:
     def arguments_grammar(self, name: str, schema: Any) -> JsonSchema:
         """`schema` (tool `name`'s parameters, or a part of them) as a grammar node for
         `json(...)`: a tool declared with `"strict": true` takes no properties beyond the
-        declared ones (OpenAI's strict function calling)."""
-        return json_schema_node(schema, strict=name in self._strict_tools)
+        declared ones (OpenAI's strict function calling); the others neither, in objects that
+        declare their properties, unless `strict_tool_arguments` is False (an object that
+        says `additionalProperties` keeps what it says)."""
+        if name in self._strict_tools:
+            return json_schema_node(schema, strict=True)
+        return json_schema_node(schema, strict="declared" if self.strict_tool_arguments else False)
 
     @property
     def strict_tools(self) -> frozenset[str]:

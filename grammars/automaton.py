@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from pegmask.grammars.completion import UNREACHABLE, Completions
 from pegmask.grammars.grammar import Grammar
 from pegmask.grammars.json_schema_emit import WHITESPACE
 from pegmask.grammars.program import SPECIAL, SPECIAL_BASE, Program, accept_table
@@ -1025,6 +1026,67 @@ class CompiledGrammar:
         keep = np.flatnonzero(next_states != DEAD)
         return keep + start, next_states[keep]
 
+    def moves(self, config: int) -> tuple[np.ndarray, np.ndarray]:
+        """The allowed tokens (stop tokens aside) and the configuration each leads to, except
+        tokens that lead back to `config` itself as plain text does inside a string (left
+        out where every plain character loops back: those of whole plain characters).
+
+        A walk of the trie level by level with numpy that keeps every node's configuration
+        (no shortcut: the closing mask needs where each token leads, not only whether it
+        lives); inside a string, only the trie of what tokens hold after their plain prefix,
+        and the plain tokens cut inside their last character one by one."""
+        tokens: list[np.ndarray] = []
+        states: list[np.ndarray] = []
+        trie = self.trie
+        if config != DEAD and self._loops_on_plain_text(config):
+            found = self._walk_with_states(config, trie.after_plain)
+            cut = self._plain_tokens_cut_inside_a_character
+            cut_states = np.array([self.state_after_token(config, t) for t in cut.tolist()],
+                                  dtype=np.int32)
+            found = (np.concatenate([found[0], cut[cut_states != DEAD]]),
+                     np.concatenate([found[1], cut_states[cut_states != DEAD]]))
+        else:
+            found = self._walk_with_states(config, trie)
+        tokens.append(found[0])
+        states.append(found[1])
+        for token_id, symbol in self.special_symbol.items():
+            after = self.next_state(config, symbol) if config != DEAD else DEAD
+            if after != DEAD and token_id < self.vocab.size:
+                tokens.append(np.array([token_id]))
+                states.append(np.array([after], dtype=np.int32))
+        return np.concatenate(tokens), np.concatenate(states)
+
+    @functools.cached_property
+    def _plain_tokens_cut_inside_a_character(self) -> np.ndarray:
+        plain = self.trie.plain_tokens
+        return plain[~self.trie.boundary[self.trie.token_node[plain]]]
+
+    def _walk_with_states(self, config: int, trie: TokenTrie) -> tuple[np.ndarray, np.ndarray]:
+        """The tokens of `trie` that `config` can read, and the configuration after each."""
+        nodes = np.zeros(1, dtype=np.int64)
+        states = np.full(1, config, dtype=np.int32)
+        reached = np.full(trie.node_count, DEAD, dtype=np.int32)
+        while len(nodes):
+            starts = trie.child_start[nodes]
+            counts = trie.child_end[nodes] - starts
+            total = int(counts.sum())
+            children = _flat_ranges(starts, counts, total)
+            parent_states = np.repeat(states, counts)
+            child_bytes = trie.byte[children]
+            next_states = self._table[parent_states, child_bytes]
+            unknown = next_states == UNKNOWN
+            if unknown.any():
+                self._resolve(parent_states[unknown], child_bytes[unknown])
+                next_states = self._table[parent_states, child_bytes]
+            keep = next_states != DEAD
+            nodes, states = children[keep], next_states[keep]
+            reached[nodes] = states
+        reached[0] = DEAD  # the root is no token
+        tokens = np.concatenate([trie.node_token, trie.duplicate_token])
+        after = np.concatenate([reached, reached[trie.duplicate_node]])
+        keep = (tokens >= 0) & (after != DEAD)
+        return tokens[keep], after[keep]
+
     def _resolve(self, states: np.ndarray, symbols: np.ndarray) -> None:
         """Compute the unknown transitions (states[i], symbols[i]). A whole row is cheap for a
         configuration of a few threads and spares later lookups; one of many threads (a
@@ -1084,6 +1146,12 @@ class CompiledGrammar:
     def matcher(self) -> GrammarMatcher:
         return GrammarMatcher(self)
 
+    @functools.cached_property
+    def completions(self) -> Completions:
+        """Shortest completions of this grammar's configurations (made on first use: the
+        per-instruction distances are computed once per compiled grammar)."""
+        return Completions(self)
+
     @property
     def state_count(self) -> int:
         return len(self._threads)
@@ -1100,7 +1168,9 @@ class CompiledGrammar:
         as generations reach new configurations; `GrammarCompiler` bounds the sum over its
         grammars."""
         rows = len(self._rows) * (2 if self._lexed else 1)
-        return (self.cached_mask_bytes + self._table.nbytes + rows * _ROW_BYTES
+        completions = self.__dict__.get("completions")  # (made on first use)
+        return ((completions.memory_bytes if completions is not None else 0)
+                + self.cached_mask_bytes + self._table.nbytes + rows * _ROW_BYTES
                 + self._pair_count * _PAIR_BYTES + self._token_next_count * _TOKEN_NEXT_BYTES
                 + (len(self._ascii_next) + len(self._multibyte_next)) * _SUCCESSORS_BYTES)
 
@@ -1155,7 +1225,12 @@ class GrammarMatcher:
             self._row_index, self._row_slice = index, slice(index * size, (index + 1) * size)
             self._bitmask_bytes[self._row_slice] = raw
             return not entry[1]
-        packed = entry[0]
+        self._copy_row(entry[0], index)
+        return not entry[1]
+
+    def _copy_row(self, packed: np.ndarray, index: int) -> None:
+        """Write `packed` into row `index` of the bound bitmask (zeros past the vocabulary
+        where the logits are wider)."""
         target = self._bitmask_view[index]
         width = len(packed)
         if len(target) == width:
@@ -1164,7 +1239,61 @@ class GrammarMatcher:
             width = min(width, len(target))
             target[:width] = packed[:width]
             target[width:] = 0
-        return not entry[1]
+
+    # ----------------------------------------------------------------- closing under a budget
+    def completion_distance(self) -> int | None:
+        """The fewest symbols that complete the grammar from here (bytes; a special token the
+        vocabulary has counts one, one it lacks the bytes of its spelling): 0 where the grammar
+        may end (free text of a lazy grammar included, and after a stop token), None where no
+        input completes it."""
+        if self._terminated:
+            return 0
+        distance = self.compiled.completions.distance(self._state)
+        return None if distance >= UNREACHABLE else distance
+
+    def shortest_completion(self) -> list[bytes | int]:
+        """One completion of `completion_distance` symbols, as runs of bytes and special-token
+        ids (a special the vocabulary lacks is in the bytes, spelled); [] where the grammar may
+        end. Raises `GrammarError` where no input completes the grammar."""
+        return [] if self._terminated else self.compiled.completions.pieces(self._state)
+
+    def completion_tokens(self) -> list[int]:
+        """The fewest tokens that spell `shortest_completion` (`accept_tokens` takes them, and
+        the grammar may end after them). After the first of them, this is the rest of them:
+        each token of the plan shortens it by one. Raises `GrammarError` where no input
+        completes the grammar."""
+        return [] if self._terminated else self.compiled.completions.plan(self._state)
+
+    def completion_token_count(self) -> int | None:
+        """`len(completion_tokens())`, memoized per configuration; None where no input
+        completes the grammar."""
+        if self._terminated:
+            return 0
+        count = self.compiled.completions.plan_length(self._state)
+        return None if count >= UNREACHABLE else count
+
+    def fill_closing_bitmask(self, bitmask: Any, index: int, remaining: int) -> None:
+        """Write into row `index` the tokens that close the output within `remaining` tokens
+        (this one included): allowed tokens that lower `completion_distance` and leave a
+        completion of at most `remaining - 1` tokens (`completion_token_count`); where the
+        distance is 0, the stop tokens.
+
+        With `remaining >= completion_token_count()` the row is never empty (the plan's first
+        token is in it) and sampling from such rows ends in a complete parse within the
+        budget; with less, the row is that of `remaining = completion_token_count()` (the
+        quickest way to a complete parse). No tokens where no input completes the grammar."""
+        if bitmask is not self._bitmask:
+            self._bind(bitmask)
+        compiled = self.compiled
+        count = self.completion_token_count()
+        if count is None or self._terminated:
+            tokens: Sequence[int] = []
+        elif count == 0:
+            tokens = compiled._mask_stop_ids
+        else:
+            candidates, lengths = compiled.completions.closing_candidates(self._state)
+            tokens = candidates[lengths <= max(remaining, count) - 1]
+        self._copy_row(pack_token_ids(tokens, compiled.vocab.size), index)
 
     def _bind(self, bitmask: Any) -> None:
         self._bitmask = bitmask

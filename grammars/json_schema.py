@@ -26,7 +26,10 @@ Annotations
     ipv4, ipv6, uuid, uri, uri-reference, iri, json-pointer, ...) are enforced.
 Objects
     `additionalProperties` absent means allowed (the JSON Schema rule); `strict=True` treats
-    it as false on every object schema (OpenAI / xgrammar strict mode). Extra keys can never
+    it as false on every object schema (OpenAI's strict mode); `strict="declared"` on every
+    object schema that declares its properties (`properties` or `patternProperties`, even
+    empty), leaving a bare `{"type": "object"}` any object (xgrammar's strict mode, which vLLM
+    applies to tool arguments). Extra keys can never
     be named keys (so a named key cannot reappear with another value). `property_order=
     "schema"` (default) accepts named properties in schema order, each optional one skippable,
     extra properties after them; "any" accepts any order for objects with at most
@@ -102,6 +105,7 @@ _NON_OBJECT = Schema(tuple(a for a in ANY.atoms if not isinstance(a, ObjectAtom)
 
 # Keywords no grammar can express (or not yet); any other keyword this module does not read
 # is an annotation.
+STRICT_MODES = (False, True, "declared")
 _UNSUPPORTED = ("$dynamicRef", "$recursiveRef", "unevaluatedItems")
 _COMBINATORS = ("allOf", "anyOf", "oneOf", "not", "$ref", "dependentSchemas", "dependencies", "if")
 
@@ -113,7 +117,7 @@ def schema_to_rules(
     whitespace: str = "flexible",
     max_whitespace: int = DEFAULT_MAX_WHITESPACE,
     property_order: str = "schema",
-    strict: bool = False,
+    strict: bool | str = False,
     ignore_keywords: Iterable[str] = (),
     raw_until: str | None = None,
 ) -> tuple[Node, dict[str, Node]]:
@@ -133,6 +137,8 @@ def schema_to_rules(
         raise GrammarError(f"property_order must be one of {PROPERTY_ORDERS}, not {property_order!r}")
     if not isinstance(max_whitespace, int) or max_whitespace < 0:
         raise GrammarError("max_whitespace must be a non-negative integer")
+    if strict not in STRICT_MODES:
+        raise GrammarError(f"strict must be one of {STRICT_MODES}, not {strict!r}")
     if isinstance(ignore_keywords, str):
         ignore_keywords = (ignore_keywords,)
     lowering = Lowering(schema, strict=strict, ignore=frozenset(ignore_keywords))
@@ -155,7 +161,7 @@ def schema_to_rules(
 class Lowering:
     """JSON Schema (dicts) to the normal form, with `$ref` resolution over the document."""
 
-    def __init__(self, document: Any, *, strict: bool, ignore: frozenset[str]):
+    def __init__(self, document: Any, *, strict: bool | str, ignore: frozenset[str]):
         self.document = document
         self.strict = strict
         self.ignore = ignore
@@ -458,7 +464,9 @@ class Lowering:
                 raise UnsupportedSchemaError(
                     "unevaluatedProperties", pointer, "only without combinators or $ref")
             additional = self.lower(schema["unevaluatedProperties"], f"{pointer}/unevaluatedProperties")
-        elif self.strict and _is_object_schema(schema):
+        elif self.strict and _is_object_schema(schema) and (
+                self.strict != "declared" or "properties" in schema
+                or "patternProperties" in schema):
             additional = NEVER
         required = schema.get("required", [])
         if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
