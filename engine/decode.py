@@ -9,6 +9,15 @@ ignore_eos), then temperature, top-k, top-p and min-p. Log-probabilities, when a
 those of the distribution the token was drawn from at the request's temperature (the mask
 included: a token the grammar forbids has none).
 
+Closing under the budget (`close_on_length`, on by default): in a constrained region, once the
+tokens left (`room`) come within `CLOSING_MARGIN` of the fewest tokens that complete the grammar
+(`GrammarMatcher.completion_token_count`, bounded above by the cheaper `completion_distance`),
+the row samples from the closing mask (tokens that move toward the end and leave room for it);
+when they equal it, the planned completion is appended without sampling. A token drawn under
+the plain mask that leaves no room for the completion is taken back and replaced by the plan's
+first token. So a constrained answer cut by `max_tokens` still parses; its finish_reason stays
+"length".
+
 Jump-forward: when the grammar allows only one continuation, its bytes are tokenized and the
 tokens are appended without sampling, fed to the model in the next forward together with the
 sampled token. The last forced token is left to the sampler (under a mask that forces it or a
@@ -194,6 +203,9 @@ class TokenLogprob:
     top: list[tuple[int, float]] = field(default_factory=list)
 
 
+CLOSING_MARGIN = 3  # tokens of slack before a constrained region must head for its end
+
+
 class Row:
     """One choice of one request in flight (see the module docstring)."""
 
@@ -221,6 +233,9 @@ class Row:
         self.released: list[int] = []  # what reached the output
         self.tail = b""  # the part of a token cut by a stop string that reached it
         self.logprobs: list[TokenLogprob] = []
+        self.closing = False  # this step's mask is the closing mask
+        self.plan: list[int] = []  # a completion to append without sampling (budget's end)
+        self.failure: Exception | None = None  # raised while filling the mask
         self._bias: tuple[torch.Tensor, torch.Tensor] | None = None
         if sampling.logit_bias:
             ids, values = zip(*sampling.logit_bias, strict=True)
@@ -241,7 +256,45 @@ class Row:
         data = b"".join(self.vocab.token_bytes[t] or names.get(t, "").encode() for t in ids)
         return (data + self.tail).decode("utf-8", errors="replace")
 
+    # ----------------------------------------------------------------- masks
+    def fill_mask(self, bitmask: torch.Tensor, index: int) -> bool:
+        """Fill row `index` of `bitmask` for this row's next token; whether the mask must be
+        applied (False in free text). Near the budget's end: the closing mask, or a plan."""
+        matcher = self.matcher
+        self.closing, self.plan = False, []
+        if matcher is None:
+            return False
+        need = matcher.fill_next_token_bitmask(bitmask, index)
+        if not (need and self.spec.sampling.close_on_length):
+            return need
+        count = self._completion_count(self.room - CLOSING_MARGIN - 1)
+        if count is None or self.room > count + CLOSING_MARGIN:
+            return need
+        if self.room <= count:
+            self.plan = matcher.completion_tokens()
+        else:
+            matcher.fill_closing_bitmask(bitmask, index, self.room)
+            self.closing = True
+        return need
+
+    def _completion_count(self, fits: int) -> int | None:
+        """The fewest tokens that complete the grammar, or None when it surely is at most
+        `fits` (the distance in symbols bounds it and is cheaper) or cannot be completed."""
+        matcher = self.matcher
+        distance = matcher.completion_distance()
+        if distance is None or distance <= fits:
+            return None
+        return matcher.completion_token_count()
+
     # ----------------------------------------------------------------- sampling
+    def step(self, logits: torch.Tensor, bitmask: torch.Tensor, masked: bool) -> list[Delta]:
+        """Sample (or append the plan) and advance: the deltas this step releases."""
+        if self.plan:
+            return self._complete(self.plan)
+        picked = self.sample(logits, bitmask, masked)
+        # No allowed token: the grammar cannot be finished, the output is cut short.
+        return self.finish("length") if picked is None else self.advance(*picked)
+
     def sample(self, logits: torch.Tensor, bitmask: torch.Tensor,
                masked: bool) -> tuple[int, TokenLogprob | None] | None:
         """Draw this row's next token from its row of logits (edited in place) and advance the
@@ -263,6 +316,15 @@ class Row:
             token = self._draw(logits)
             if not matcher.accept_token(token):
                 return None
+        if masked and not self.closing and self.spec.sampling.close_on_length:
+            # A token that leaves no room for the completion is replaced by the plan's first.
+            count = self._completion_count(self.room - 1)
+            if count is not None and count > self.room - 1:
+                matcher.rollback(1)
+                plan = matcher.completion_tokens()
+                if not plan or not matcher.accept_token(plan[0]):
+                    return None
+                token = plan[0]
         return token, self._logprob(logits, token)
 
     def _process(self, logits: torch.Tensor, masked: bool) -> None:
@@ -331,6 +393,17 @@ class Row:
             return deltas + self.finish("length")
         self.pending = tokens
         return deltas
+
+    def _complete(self, tokens: list[int]) -> list[Delta]:
+        """Append a planned completion: the grammar is complete and the budget spent."""
+        if not self.matcher.accept_tokens(tokens):
+            return self.finish("length")
+        self.generated += tokens
+        self.forced += len(tokens)
+        if self.spec.sampling.logprobs:
+            self.logprobs += [TokenLogprob(t, 0.0, [(t, 0.0)]) for t in tokens]
+        deltas = self._release(tokens)
+        return deltas + self.finish("length")
 
     def _jump_forward(self, matcher: GrammarMatcher) -> list[int]:
         forced = matcher.find_jump_forward_string()

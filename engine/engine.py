@@ -20,6 +20,8 @@ from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import jinja2
+
 from pegmask.dialects import ChatRequest, Dialect, DialectStreamParser, get_dialect
 from pegmask.dialects.native import replay_text
 from pegmask.dialects.replay import ReplayMemory
@@ -139,7 +141,9 @@ class Engine:
     once and `max_queued` requests wait for room (more: `QueueFullError`); `prefill_chunk` bounds
     the prompt tokens of one step; `request_timeout_s` bounds a request's time. `fp16_weights`
     (llama-family models on the CPU; None picks it there): see engine/llama_runner.py.
-    `prewarm` pays the process's one-time grammar costs now rather than in the first request.
+    `strict_tool_arguments` closes tool parameter objects that do not say
+    `additionalProperties` (False: plain JSON Schema). `prewarm` pays the process's one-time
+    grammar costs now rather than in the first request.
     """
 
     def __init__(
@@ -155,6 +159,7 @@ class Engine:
         prefill_chunk: int = 256,
         request_timeout_s: float | None = None,
         fp16_weights: bool | None = None,
+        strict_tool_arguments: bool = True,
         prewarm: bool = True,
     ):
         self.backend: ModelBackend = load_backend(model, device=device, dtype=dtype)
@@ -169,6 +174,7 @@ class Engine:
         if self.dialect.native_renderer and not renders_tools(self.chat_template):
             self._native = get_dialect(name, **options)
         self._compiler = GrammarCompiler(self.vocab)
+        self.strict_tool_arguments = strict_tool_arguments
         # Preparing touches the dialect's and the compiler's caches: one request at a time.
         self._prepare_lock = threading.Lock()
         self.limits = Limits(max_running=max_running, max_queued=max_queued,
@@ -259,6 +265,7 @@ class Engine:
     def request(self, prompt_or_messages: str | Sequence[Mapping[str, Any]],
                 **options: Any) -> GenerationRequest:
         """Validate `generate`'s arguments (InvalidRequestError naming the bad one)."""
+        options.setdefault("strict_tool_arguments", self.strict_tool_arguments)
         try:
             return build_request(prompt_or_messages, **options)
         except TypeError as exc:  # an unknown option name
@@ -281,9 +288,11 @@ class Engine:
                 f"requests[{index}] needs exactly one of prompt and messages", "messages")
         source = options.pop("prompt") if "prompt" in options else options.pop("messages")
         try:
-            return build_request(source, **options)
-        except TypeError as exc:  # an unknown option name
-            raise InvalidRequestError(f"requests[{index}]: {exc}") from exc
+            return self.request(source, **options)
+        except InvalidRequestError as exc:
+            if exc.param is None:  # an unknown option name
+                raise InvalidRequestError(f"requests[{index}]: {exc}") from exc
+            raise
 
     # ----------------------------------------------------------------- preparation
     def prepare(self, request: GenerationRequest) -> RowSpec:
@@ -336,8 +345,25 @@ class Engine:
                 return TextOutput(self.vocab, field_name)
         if compiled is not None:
             stop_ids = frozenset(compiled.stop_ids)
+            if sampling.close_on_length:
+                self._check_budget(compiled, max_new)
         return RowSpec(prompt_ids, sampling, max_new, make_output, compiled, stop_ids,
                        frozenset(self.vocab.eos_ids), self.backend.encode, prompt_text)
+
+    @staticmethod
+    def _check_budget(compiled: CompiledGrammar, max_new: int) -> None:
+        """A grammar that must be entered (its shortest output is not empty: tool_choice
+        required or named, a response format) and cannot be completed within the budget is a
+        bad request, not an answer cut short."""
+        needed = compiled.matcher().completion_token_count()
+        if needed is None:
+            raise InvalidRequestError("no output can complete this request's grammar",
+                                      "response_format")
+        if needed > max_new:
+            raise InvalidRequestError(
+                f"the shortest output this request allows takes {needed} tokens, more than "
+                f"max_tokens ({max_new}); raise max_tokens or set close_on_length=false",
+                "max_tokens")
 
     def prompt_tokens(self, request: GenerationRequest) -> int:
         """How many tokens the request's prompt takes (rendered as for decoding)."""
@@ -403,7 +429,7 @@ class Engine:
             return build()
         except InvalidRequestError:
             raise
-        except (ValueError, TypeError, RecursionError) as exc:
+        except (ValueError, TypeError, RecursionError, jinja2.TemplateError) as exc:
             raise InvalidRequestError(str(exc), param) from exc
 
     # ----------------------------------------------------------------- results

@@ -31,6 +31,7 @@ DEFAULT_MAX_TOKENS = 512
 LEGACY_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound
 GRAMMAR_FORMATS = ("regex", "grammar", "choice")
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 # Request fields passed to `build_request` as they are, when present and not null.
 _SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
                     "frequency_penalty", "presence_penalty", "repetition_penalty", "logit_bias",
@@ -39,7 +40,9 @@ _SHAPE_FIELDS = ("tools", "tool_choice", "parallel_tool_calls", "response_format
 # Fields that would change the response in ways this server does not implement, with the values
 # that mean "off": anything else is a 400 naming the field.
 _UNSUPPORTED = {"echo": (None, False), "best_of": (None, 1), "suffix": (None, ""),
-                "prompt_logprobs": (None, 0), "guided_decoding_backend": (None,)}
+                "prompt_logprobs": (None, 0), "guided_decoding_backend": (None,),
+                # The legacy function calling: `tools` and `tool_choice` replace it.
+                "functions": (None, []), "function_call": (None,)}
 # Fields that only describe the request (accepted, no effect on the output).
 DESCRIPTIVE_FIELDS = frozenset({
     "model", "user", "metadata", "store", "service_tier", "stream", "stream_options",
@@ -135,6 +138,7 @@ def build_request(
     min_tokens: int | None = None,
     n: int | None = None,
     close_on_length: bool | None = None,
+    strict_tool_arguments: bool = True,
     tools: Sequence[Mapping[str, Any]] | None = None,
     tool_choice: str | Mapping[str, Any] | None = None,
     parallel_tool_calls: bool | None = None,
@@ -196,10 +200,11 @@ def build_request(
         chat = ChatRequest(
             tools=list(tools or []),
             tool_choice=tool_choice or "auto",
-            parallel_tool_calls=True if parallel_tool_calls is None else bool(parallel_tool_calls),
+            parallel_tool_calls=_flag("parallel_tool_calls", parallel_tool_calls, True),
             chat_template_kwargs=template_kwargs,
             # A non-JSON format is enforced by `constraint` instead of the dialect.
             response_format=dict(response_format) if constraint is None and kind else None,
+            strict_tool_arguments=strict_tool_arguments,
         )
     except RequestError as exc:
         raise InvalidRequestError(str(exc), exc.param) from exc
@@ -243,15 +248,66 @@ def openai_request(body: Any, *, chat: bool) -> tuple[Any, dict[str, Any]]:
         options["top_logprobs"] = body["top_logprobs"]
     if "messages" not in body:
         raise InvalidRequestError("messages is required", "messages")
+    _check_chat_messages(body["messages"])
     kwargs = body.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, Mapping):
         raise InvalidRequestError("chat_template_kwargs must be an object", "chat_template_kwargs")
     kwargs = dict(kwargs)
     if body.get("reasoning_effort") is not None:
+        if not isinstance(body["reasoning_effort"], str):
+            raise InvalidRequestError("reasoning_effort must be a string", "reasoning_effort")
         kwargs.setdefault("reasoning_effort", body["reasoning_effort"])
     if kwargs:
         options["chat_template_kwargs"] = kwargs
     return body["messages"], options
+
+
+def _check_chat_messages(messages: Any) -> None:
+    """The shape of Chat Completions `messages` (roles, content, tool calls): the chat template
+    would otherwise fail on a bad one in ways that do not say which message is at fault."""
+    if not isinstance(messages, list):  # a string would read as a completion prompt
+        raise InvalidRequestError("messages must be a list of message objects", "messages")
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(message, Mapping):
+            raise InvalidRequestError(f"{where} must be an object", "messages")
+        role = message.get("role")
+        if role not in CHAT_ROLES:
+            raise InvalidRequestError(
+                f"{where}.role must be one of {', '.join(CHAT_ROLES)}, not {role!r}", "messages")
+        content = message.get("content")
+        if content is None and role not in ("assistant", "function"):
+            raise InvalidRequestError(f"{where} needs content", "messages")
+        if not (content is None or isinstance(content, str) or (
+                isinstance(content, list) and all(_content_part(part) for part in content))):
+            raise InvalidRequestError(
+                f"{where}.content must be a string or a list of text parts (this server's "
+                "model reads text only)", "messages")
+        for name in ("name", "tool_call_id", "reasoning_content"):
+            if message.get(name) is not None and not isinstance(message[name], str):
+                raise InvalidRequestError(f"{where}.{name} must be a string", "messages")
+        calls = message.get("tool_calls")
+        if calls is not None and not (isinstance(calls, list) and all(map(_tool_call, calls))):
+            raise InvalidRequestError(
+                f"{where}.tool_calls must be a list of "
+                '{"id", "type": "function", "function": {"name", "arguments"}}', "messages")
+
+
+def _content_part(part: Any) -> bool:
+    """A text part: the model reads text only, and an image left out of the prompt would be
+    an ignored input."""
+    if not isinstance(part, Mapping):
+        return False
+    key = "refusal" if part.get("type") == "refusal" else "text"
+    return part.get("type") in ("text", "refusal") and isinstance(part.get(key), str)
+
+
+def _tool_call(call: Any) -> bool:
+    if not isinstance(call, Mapping) or not isinstance(call.get("function"), Mapping):
+        return False
+    function = call["function"]
+    return (isinstance(call.get("id", ""), str) and isinstance(function.get("name"), str)
+            and isinstance(function.get("arguments", ""), (str, Mapping)))
 
 
 def log_unknown_fields(body: Mapping[str, Any], api: str,

@@ -345,8 +345,7 @@ class Scheduler:
                              dtype=torch.long, device=logits.device)
         logits = logits.index_select(0, index)  # a copy each row may edit
         bitmask = allocate_token_bitmask(len(rows), logits.shape[-1])
-        need = [row.matcher is not None and row.matcher.fill_next_token_bitmask(bitmask, i)
-                for i, row in enumerate(rows)]
+        need = [self._fill(row, bitmask, i) for i, row in enumerate(rows)]
         masked_rows = [i for i, flag in enumerate(need) if flag]
         device_mask = bitmask if logits.device.type == "cpu" else bitmask.to(logits.device)
         if masked_rows:
@@ -356,6 +355,14 @@ class Scheduler:
             self._sample(row, logits[i], device_mask[i], need[i])
         done = time.perf_counter()
         self._account(started, forwarded, masked, done, decoding, rows)
+
+    def _fill(self, row: Row, bitmask: torch.Tensor, index: int) -> bool:
+        try:
+            return row.fill_mask(bitmask, index)
+        except Exception as exc:  # noqa: BLE001 - one row's failure ends only its request
+            logger.exception("a row's mask failed")
+            row.failure = exc
+            return False
 
     def _start_rows(self, prefill: _Prefill) -> list[Row]:
         """A request's prompt is in: its rows decode from now on (the first on the prefilled
@@ -371,9 +378,9 @@ class Scheduler:
         submission = self._owner[row]
         before, generated, forced = len(row.logprobs), len(row.generated), row.forced
         try:
-            picked = row.sample(logits, bitmask, masked)
-            # No allowed token: the grammar cannot be finished, the output is cut short.
-            deltas = row.finish("length") if picked is None else row.advance(*picked)
+            if row.failure is not None:
+                raise row.failure
+            deltas = row.step(logits, bitmask, masked)
         except Exception as exc:  # noqa: BLE001 - one row's failure ends only its request
             logger.exception("a row failed")
             self._end(submission, exc)

@@ -111,6 +111,10 @@ def _model_options(parser: argparse.ArgumentParser) -> None:
                         help="prompt tokens per decode step (default 256)")
     parser.add_argument("--request-timeout", type=float, default=None,
                         help="seconds a request may take, queue included (default: no limit)")
+    parser.add_argument("--no-strict-tool-arguments", dest="strict_tool_arguments",
+                        action="store_false",
+                        help="tool parameter objects without additionalProperties take any "
+                             "other key (plain JSON Schema; default: they take none)")
 
 
 def _sampling_options(parser: argparse.ArgumentParser) -> None:
@@ -131,7 +135,8 @@ def _engine(args: argparse.Namespace) -> Any:
 
     return Engine(args.model, device=args.device, dtype=args.dtype, dialect=args.dialect,
                   max_running=args.max_running, max_queued=args.max_queued,
-                  prefill_chunk=args.prefill_chunk, request_timeout_s=args.request_timeout)
+                  prefill_chunk=args.prefill_chunk, request_timeout_s=args.request_timeout,
+                  strict_tool_arguments=args.strict_tool_arguments)
 
 
 def _sampling(args: argparse.Namespace) -> dict[str, Any]:
