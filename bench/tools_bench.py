@@ -278,13 +278,15 @@ def findings(runs: list[ModeRun]) -> list[str]:
     notes = []
     required = [r for r in runs if r.mode == "required"]
     if required:
-        finished = [o for r in required for o in r.outcomes if o.finish_reason != "length"]
+        finished = [o for r in required for o in r.outcomes
+                    if o.finish_reason not in ("length", "error")]
         notes.append(
-            f"- required: {sum(o.made > 0 for o in finished)}/{len(finished)} outputs that ended "
-            f"before max_tokens parse into calls; {sum(r.valid for r in required)}/"
-            f"{sum(r.calls for r in required)} calls validate against their schema "
-            f"({sum(r.cut_off for r in required)} outputs cut off at max_tokens, "
-            f"{sum(r.errors for r in required)} request errors).")
+            f"- required: of the outputs that ended before max_tokens, "
+            f"{sum(o.made > 0 for o in finished)}/{len(finished)} parse into calls and "
+            f"{sum(o.valid for o in finished)}/{sum(o.made for o in finished)} of their calls "
+            f"validate against their schema; {sum(r.cut_off for r in required)} outputs were "
+            f"cut off at max_tokens (a call cut off is kept unfinished, so it does not "
+            f"validate), {sum(r.errors for r in required)} requests were refused.")
     found = {(r.category, r.mode): r for r in runs}
     for (category, mode), run in found.items():
         free = found.get((category, "unconstrained"))
