@@ -35,6 +35,7 @@ from typing import Any
 
 from pegmask.bench.bfcl import (
     CATEGORIES,
+    BFCLNotInstalled,
     Question,
     check,
     is_irrelevance,
@@ -313,7 +314,7 @@ def report(runs: list[ModeRun], *, engine: Any, command: str, settings: str,
         f"Command: `{command}`",
         f"Model {engine.model_name} (dialect {engine.dialect_name}) on "
         f"{engine.backend.device}; {settings}.",
-        __doc__.split("\n\n")[1] + "\n\n" + __doc__.split("\n\n")[2],
+        "\n\n".join(__doc__.split("\n\n")[1:4]),
         "## AST accuracy by category",
         accuracy_table(runs, modes),
         "## Per category and mode",
@@ -379,7 +380,10 @@ def main(argv: list[str] | None = None) -> int:
     max_tokens = args.max_tokens or quick.get("max_tokens", DEFAULT_MAX_TOKENS)
     if (count is not None and count < 1) or max_tokens < 1 or args.batch_size < 1:
         parser.error("--sample, --max-tokens and --batch-size must be at least 1")
-    questions = {c: sample(load_category(c), count, args.seed) for c in categories}
+    try:
+        questions = {c: sample(load_category(c), count, args.seed) for c in categories}
+    except BFCLNotInstalled as exc:
+        parser.error(str(exc))
 
     from tqdm import tqdm
 
