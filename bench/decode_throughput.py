@@ -228,8 +228,9 @@ def main(argv: list[str] | None = None) -> None:
                         "bench/results/decode_throughput[_quick].md)")
     args = parser.parse_args(argv)
     quick = QUICK if args.quick else {}
-    count = min(args.prompts or quick.get("prompts", len(SCHEMAS)), len(SCHEMAS))
-    max_tokens = args.max_tokens or quick.get("max_tokens", 64)
+    count = min(args.prompts if args.prompts is not None
+                else quick.get("prompts", len(SCHEMAS)), len(SCHEMAS))
+    max_tokens = args.max_tokens if args.max_tokens is not None else quick.get("max_tokens", 64)
     if count < 1 or max_tokens < 1:
         parser.error("--prompts and --max-tokens must be at least 1")
     if args.threads:

@@ -782,12 +782,18 @@ def main(argv: list[str] | None = None) -> None:
                         "bench/results/grammar_bench[_quick|_custom].md)")
     args = parser.parse_args(argv)
     quick = QUICK if args.quick else {}
-    vocab = args.vocab or quick.get("vocab", "both")
-    schemas = args.schemas or quick.get("schemas", DEFAULT_SCHEMAS)
-    repeats = args.tool_repeats or quick.get("tool_repeats", DEFAULT_TOOL_REPEATS)
-    timeout = args.outlines_timeout or quick.get("outlines_timeout", DEFAULT_OUTLINES_TIMEOUT)
-    if schemas < 1 or repeats < 1:
-        parser.error("--schemas and --tool-repeats must be at least 1")
+
+    def option(value: Any, key: str, default: Any) -> Any:
+        """An option given, else its --quick value, else its default."""
+        return value if value is not None else quick.get(key, default)
+
+    vocab = option(args.vocab, "vocab", "both")
+    schemas = option(args.schemas, "schemas", DEFAULT_SCHEMAS)
+    repeats = option(args.tool_repeats, "tool_repeats", DEFAULT_TOOL_REPEATS)
+    timeout = option(args.outlines_timeout, "outlines_timeout", DEFAULT_OUTLINES_TIMEOUT)
+    if schemas < 1 or repeats < 1 or timeout <= 0:
+        parser.error("--schemas and --tool-repeats must be at least 1, --outlines-timeout "
+                     "above 0")
     try:
         cases = user_cases(args)
     except ValueError as exc:

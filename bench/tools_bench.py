@@ -377,7 +377,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown categories or modes: {', '.join(unknown)}")
     count = args.sample if args.sample is not None else quick.get("sample")
-    max_tokens = args.max_tokens or quick.get("max_tokens", DEFAULT_MAX_TOKENS)
+    max_tokens = (args.max_tokens if args.max_tokens is not None
+                  else quick.get("max_tokens", DEFAULT_MAX_TOKENS))
     if (count is not None and count < 1) or max_tokens < 1 or args.batch_size < 1:
         parser.error("--sample, --max-tokens and --batch-size must be at least 1")
     try:
