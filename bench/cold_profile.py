@@ -37,18 +37,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pegmask.bench.grammar_bench import (
-    DEFAULT_SCHEMAS,
+from pegmask.bench.grammar_bench import DEFAULT_SCHEMAS
+from pegmask.bench.grammar_inputs import (
     WARMUP_INSTANCE,
     WARMUP_SCHEMA,
     Case,
     Model,
     load_cases,
     load_model,
-    machine_info,
-    publish,
     tool_call_case,
 )
+from pegmask.bench.reporting import machine_info, publish
 from pegmask.grammars.automaton import CompiledGrammar, compile_grammar, prepare_vocabulary
 from pegmask.grammars.errors import GrammarError
 from pegmask.grammars.grammar import Grammar

@@ -5,7 +5,7 @@
     pegmask chat                                    # interactive, streamed
     pegmask serve --host 127.0.0.1 --port 8000 [--model PATH]
     pegmask run-batch -i in.jsonl -o out.jsonl      # OpenAI request bodies, one per line
-    pegmask bench NAME [ARGS...]                    # runs pegmask.bench.NAME
+    pegmask bench grammars|tools|e2e|serve [--quick] [ARGS...]  # benchmarks (pegmask.bench)
 
 `--model` takes a GGUF file or a local Hugging Face folder; without it the embedded
 SmolLM2-135M-Instruct runs. Nothing is downloaded.
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 # `pegmask bench` names from DESIGN.md -> modules of pegmask.bench
-BENCH_ALIASES = {"grammars": "grammar_bench", "e2e": "decode_throughput",
+BENCH_ALIASES = {"grammars": "grammar_bench", "tools": "tools_bench", "e2e": "decode_throughput",
                  "serve": "serve_bench"}
 
 
@@ -91,7 +91,8 @@ def _parser() -> argparse.ArgumentParser:
 
     bench = commands.add_parser("bench", help="benchmarks (pegmask.bench modules)",
                                 add_help=False)
-    bench.add_argument("name", nargs="?", help="grammars, e2e, or a pegmask.bench module")
+    bench.add_argument("name", nargs="?",
+                       help="grammars, tools, e2e, serve, or a pegmask.bench module")
     bench.set_defaults(run=_bench)
     return parser
 
@@ -326,6 +327,10 @@ def _bench(args: argparse.Namespace, rest: list[str]) -> int:
 
     available = sorted(m.name for m in pkgutil.iter_modules(pegmask.bench.__path__))
     name = BENCH_ALIASES.get(args.name or "", args.name)
+    if args.name in BENCH_ALIASES and name not in available:
+        print(f"pegmask bench {args.name}: not in this version of pegmask (its module "
+              f"pegmask.bench.{name} is not installed)", file=sys.stderr)
+        return 2
     if name not in available:
         print(f"usage: pegmask bench NAME [ARGS]; NAME is one of "
               f"{sorted(BENCH_ALIASES) + available}", file=sys.stderr)

@@ -1,0 +1,117 @@
+"""What every bench report states and how it is written: the machine, the package versions, the
+checkout measured, and the files (markdown printed and saved, JSON beside it) under
+bench/results/."""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+PEER_PACKAGES = ("xgrammar", "llguidance", "outlines_core")
+MODEL_PACKAGES = ("transformers", "tokenizers", "numpy", "torch")
+
+
+def checkout_state() -> str:
+    """The pegmask commit measured, and whether the working tree differed from it."""
+    root = str(Path(__file__).resolve().parents[1])
+    try:
+        head, changes = (
+            subprocess.run(["git", "-C", root, *args], capture_output=True, text=True,
+                           check=True).stdout.strip()
+            for args in (["rev-parse", "--short", "HEAD"], ["status", "--porcelain", "-uno"])
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return "not a git checkout"
+    return f"commit {head}" + (" with uncommitted changes" if changes else "")
+
+
+def cpu_name() -> str:
+    """The CPU's model name (Linux), else what `platform` knows."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            return next((line.split(":", 1)[1].strip() for line in info
+                         if line.startswith("model name")), platform.processor())
+    except OSError:
+        return platform.processor() or platform.machine()
+
+
+def versions(packages: Sequence[str]) -> dict[str, str]:
+    """Installed version of each package ("not installed" when absent)."""
+    found = {}
+    for package in packages:
+        try:
+            found[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            found[package] = "not installed"
+    return found
+
+
+def machine(packages: Sequence[str] = PEER_PACKAGES + MODEL_PACKAGES) -> dict[str, Any]:
+    """The facts `machine_info` prints, as data for a JSON report."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {
+        "date": f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}",
+        "usable_cores": cores,
+        "online_cores": os.cpu_count(),
+        "cpu": cpu_name(),
+        "system": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        "versions": versions(("pegmask", *packages)),
+        "checkout": checkout_state(),
+    }
+
+
+def machine_info(packages: Sequence[str] = PEER_PACKAGES + MODEL_PACKAGES) -> str:
+    """Date, cores, CPU, Python, package versions and checkout, as markdown lines."""
+    facts = machine(packages)
+    load = facts["load_average"]
+    return "\n".join([
+        f"- date: {facts['date']}",
+        f"- machine: {facts['usable_cores']} usable cores ({facts['online_cores']} online), "
+        f"{facts['cpu']}, {facts['system']}"
+        + (f" (load average {load:.1f} at the end: other jobs may share the cores)"
+           if load is not None else ""),
+        f"- python {facts['python']} ({sys.executable})",
+        "- " + ", ".join(f"{name} {version}" for name, version in facts["versions"].items()),
+        f"- pegmask checkout: {facts['checkout']}",
+    ])
+
+
+def command_line(module: str, argv: Sequence[str]) -> str:
+    """How a user reruns this report: the `pegmask bench` command with the same options."""
+    return " ".join(["pegmask bench", module, *argv])
+
+
+def publish(report: str, out: Path | None) -> None:
+    """Print a markdown report, and write it to `out` as well when given."""
+    print(report)
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(report, encoding="utf-8")
+
+
+def write_json(data: Any, out: Path) -> None:
+    """A report's figures as indented JSON (NaN written as null)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(_finite(data), indent=1, ensure_ascii=False) + "\n",
+                   encoding="utf-8")
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and value != value:
+        return None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value
