@@ -36,6 +36,7 @@ from vllm.reasoning import ReasoningParser
 from vllm.tool_parsers import ToolParser
 
 from pegmask.dialects import ChatRequest, Dialect, DialectStreamParser, RequestError, dialect_names
+from pegmask.engine.engine import dialect_options
 from pegmask.integrations.constraints import dialect_named
 from pegmask.integrations.dialect_output import ReasoningSplit
 from pegmask.integrations.vllm import parser_class_name
@@ -104,9 +105,12 @@ class PegmaskToolParser(ToolParser):
         return request
 
     def tool_spec(self, request: Any) -> dict[str, Any]:
-        """The `dialect` constraint for a request's tools and tool_choice."""
+        """The `dialect` constraint for a request's tools and tool_choice (reasoning off for a
+        Hermes-family model whose chat template never mentions `<think>`, as the engine)."""
         spec: dict[str, Any] = {"dialect": self.dialect_name, "tools": _tools(request),
                                 "tool_choice": _plain(request.tool_choice or "auto")}
+        template = getattr(self.model_tokenizer, "chat_template", None)
+        spec.update(dialect_options(self.dialect_name, template))
         if request.parallel_tool_calls is not None:
             spec["parallel_tool_calls"] = bool(request.parallel_tool_calls)
         kwargs = getattr(request, "chat_template_kwargs", None)
