@@ -95,6 +95,21 @@ def test_reasoning_then_call_whole_and_streamed() -> None:
         ("get_weather", {"city": "Paris"})]
 
 
+def test_reasoning_end_is_found_in_outputs_not_prompts() -> None:
+    parser = composed().reasoning_parser
+    encode = smollm2_tokenizer().encode
+    prompt = smollm2_tokenizer().apply_chat_template(
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+        tokenize=False, add_generation_prompt=True)
+    assert not parser.is_reasoning_end(encode(prompt, add_special_tokens=False))
+    thinking = encode("<think>\nstill going", add_special_tokens=False)
+    assert not parser.is_reasoning_end(thinking)
+    done = encode("<think>\nok\n</think>\n\nHello there", add_special_tokens=False)
+    assert parser.is_reasoning_end(done)
+    content = parser.extract_content_ids(done)
+    assert smollm2_tokenizer().decode(content).strip().startswith("Hello")
+
+
 def test_adjust_request_asks_for_the_dialect_grammar() -> None:
     parser = composed()
     adjusted = parser.adjust_request(request(tool_choice="required", parallel_tool_calls=False))

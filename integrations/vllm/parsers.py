@@ -37,6 +37,7 @@ from vllm.tool_parsers import ToolParser
 
 from pegmask.dialects import ChatRequest, Dialect, DialectStreamParser, RequestError, dialect_names
 from pegmask.engine.engine import dialect_options
+from pegmask.grammars import ParseError
 from pegmask.integrations.constraints import dialect_named
 from pegmask.integrations.dialect_output import ReasoningSplit
 from pegmask.integrations.vllm import parser_class_name
@@ -194,8 +195,17 @@ class PegmaskReasoningParser(ReasoningParser):
         return DeltaMessage(content=rest) if rest else None
 
     def is_reasoning_end(self, input_ids: Sequence[int]) -> bool:
-        """Whether an output (token ids) has left its leading reasoning; a prompt has not."""
-        return self._split_ids(input_ids)[0].ended
+        """Whether an output (token ids) has left its leading reasoning. Ids that do not parse
+        as an output (a prompt) have not: the split then finds the end in the output itself,
+        right away where the output has no reasoning."""
+        split, text = self._split_ids(input_ids)
+        if not split.ended:
+            return False
+        try:
+            split.grammar.stream_parser().feed(text)
+        except ParseError:
+            return False
+        return True
 
     def extract_content_ids(self, input_ids: list[int]) -> list[int]:
         """The ids of an output from the first token that holds the rest on."""
