@@ -176,6 +176,8 @@ class OutputFollower:
         if not 0 <= start <= len(read):
             raise ValueError(f"start {start} is past the {len(read)} tokens read")
         shared, limit = start, min(len(read), start + len(tokens))
+        if tokens[:limit - start] == read[start:limit]:  # the usual case, compared in C
+            shared = limit
         while shared < limit and read[shared] == tokens[shared - start]:
             shared += 1
         if shared < len(read):
