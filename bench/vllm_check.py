@@ -224,6 +224,14 @@ def report(results: dict[str, Any]) -> str:
     for name, row in results["json"].items():
         lines.append(f"| {name} | {row['requests']} | {row['valid']} | {row['tokens_per_s']} |")
     bad = results["bad_request"]
+    lines += ["", "Calls parsed: tool calls in the replies, as pegmask's parser extracted them "
+              "(streamed replies accumulated from the deltas); valid: name get_weather and "
+              "arguments valid under its schema. tokens/s: completion tokens over the wall time "
+              "of the requests, one at a time (model forward dominates on this CPU).", "",
+              "Not covered by this run: vLLM on CPU uses the V1 model runner (the V2 runner "
+              "needs Triton's CPU backend, which this torch build lacks), so the V2 interface "
+              "of the logits processor is exercised by the vllm-marked tests only; no GPU "
+              "machine was lent to this task, so the GPU build was not run."]
     lines += ["", f"A malformed constraint (`{{\"regex\": \"[unclosed\"}}`): HTTP {bad['status']}.",
               "", "Examples (first two requests of each tool_choice):", "", "```json",
               json.dumps({k: v["examples"] for k, v in results["tools"].items()}, indent=1,

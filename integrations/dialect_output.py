@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pegmask.dialects import ChatRequest, Dialect, get_dialect
+from pegmask.dialects import ChatRequest, Dialect
 from pegmask.grammars import Grammar, ParseError
+from pegmask.integrations.constraints import dialect_named
 
 #: captures that end the leading reasoning when they open
 _ANSWER_TAGS = frozenset({"content", "call", "calls"})
@@ -24,7 +25,7 @@ _ANSWER_TAGS = frozenset({"content", "call", "calls"})
 def rest_dialect(dialect: Dialect) -> Dialect:
     """The dialect that reads what follows the leading reasoning: the same, reasoning off (a
     request then must not turn it back on: parse with one that has no chat_template_kwargs)."""
-    return get_dialect(dialect.name, reasoning=False)
+    return dialect_named(dialect.name, False)
 
 
 class _Start:

@@ -76,10 +76,12 @@ def test_reasoning_then_call_whole_and_streamed() -> None:
 
     parser = composed()
     ids = smollm2_tokenizer().encode(output, add_special_tokens=False)
+    prompt = smollm2_tokenizer().apply_chat_template(
+        [{"role": "user", "content": "Weather in Paris?"}], add_generation_prompt=True)
     pieces = {"reasoning": "", "content": "", "calls": {}}
     for i, token in enumerate(ids):
         text = smollm2_tokenizer().decode([token])
-        delta = parser.parse_delta(text, [token], req, prompt_token_ids=[1, 2],
+        delta = parser.parse_delta(text, [token], req, prompt_token_ids=prompt["input_ids"],
                                    finished=i == len(ids) - 1)
         if delta is None:
             continue

@@ -65,14 +65,14 @@ def to_delta_message(deltas: Iterable[dict[str, Any]]) -> DeltaMessage | None:
                         reasoning="".join(reasoning) or None, tool_calls=calls)
 
 
-def chat_request(request: Any) -> ChatRequest:
-    """The answer-shaping part of a vLLM request that parsing needs: the tools' schemas (XML
-    dialects type parameter values by them) and the reasoning switches."""
-    kwargs = dict(getattr(request, "chat_template_kwargs", None) or {})
+def tools_request(request: Any) -> ChatRequest:
+    """What the tool-call parser needs of a vLLM request: the tools' schemas (XML dialects type
+    parameter values by them). Not its reasoning switches: the tool-call parser reads the
+    output after the reasoning, with reasoning off."""
     try:
-        return ChatRequest(tools=_tools(request), chat_template_kwargs=kwargs)
+        return ChatRequest(tools=_tools(request))
     except RequestError:
-        return ChatRequest(chat_template_kwargs=kwargs)
+        return ChatRequest()
 
 
 class PegmaskToolParser(ToolParser):
@@ -84,13 +84,12 @@ class PegmaskToolParser(ToolParser):
 
     def __init__(self, tokenizer: Any, tools: list[Any] | None = None):
         super().__init__(tokenizer, tools)
-        #: set by vLLM when no reasoning parser runs first: reasoning markup is then content
-        self.skip_reasoning_parsing = False
         self._stream: DialectStreamParser | None = None
 
     @property
     def dialect(self) -> Dialect:
-        return dialect_named(self.dialect_name, False if self.skip_reasoning_parsing else None)
+        """The dialect with reasoning off: what it reads follows the leading reasoning."""
+        return dialect_named(self.dialect_name, False)
 
     def adjust_request(self, request: Any) -> Any:
         """Keep special tokens in the text (the dialects' tags) and, for a request with tools
@@ -120,7 +119,7 @@ class PegmaskToolParser(ToolParser):
         return spec
 
     def extract_tool_calls(self, model_output: str, request: Any) -> ExtractedToolCallInformation:
-        parser = self.dialect.stream_parser(chat_request(request))
+        parser = self.dialect.stream_parser(tools_request(request))
         parser.feed(model_output)
         parser.finish()
         message = parser.message
@@ -136,7 +135,7 @@ class PegmaskToolParser(ToolParser):
         delta_token_ids: Sequence[int], request: Any,
     ) -> DeltaMessage | None:
         if self._stream is None:
-            self._stream = self.dialect.stream_parser(chat_request(request))
+            self._stream = self.dialect.stream_parser(tools_request(request))
         return to_delta_message(self._stream.feed(delta_text))
 
     def finish_streaming(self) -> DeltaMessage | None:
