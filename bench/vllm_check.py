@@ -61,7 +61,8 @@ def convert(model_dir: Path) -> None:
     AutoTokenizer.from_pretrained(**source).save_pretrained(model_dir)
 
 
-def start_server(model_dir: Path, port: int, runner: str, log: Path) -> subprocess.Popen:
+def start_server(model_dir: Path, port: int, runner: str, log: Path,
+                 eager: bool = False) -> subprocess.Popen:
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="4", HF_HUB_OFFLINE="1")
     if runner != "auto":
         env["VLLM_USE_V2_MODEL_RUNNER"] = "1" if runner == "v2" else "0"
@@ -71,6 +72,8 @@ def start_server(model_dir: Path, port: int, runner: str, log: Path) -> subproce
                "--host", "127.0.0.1", "--port", str(port),
                "--enable-auto-tool-choice", "--tool-call-parser", "pegmask-hermes",
                "--reasoning-parser", "pegmask-hermes", "--logits-processors", PROCESSOR]
+    if eager:  # no torch.compile warm-up: minutes less to start on a busy 2-core machine
+        command.append("--enforce-eager")
     return subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
                             start_new_session=True)
 
@@ -210,7 +213,8 @@ def report(results: dict[str, Any]) -> str:
              f"machine (vllm-cpu {results['vllm']}, torch {results['torch']}), model: the "
              "embedded SmolLM2-135M-Instruct converted to bf16. Server flags: "
              "`--tool-call-parser pegmask-hermes --reasoning-parser pegmask-hermes "
-             f"--logits-processors {PROCESSOR}`; server ready in "
+             f"--logits-processors {PROCESSOR}`"
+             f"{' --enforce-eager' if results['eager'] else ''}; server ready in "
              f"{results['ready_s']:.0f} s.", "",
              "## Tool calls (pegmask's Hermes grammar and parser; tools get_weather and "
              "get_time, half the requests streamed)", "",
@@ -244,7 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model-dir", type=Path, required=True)
     parser.add_argument("--port", type=int, default=8011)
     parser.add_argument("--runner", choices=["auto", "v1", "v2"], default="auto")
-    parser.add_argument("--ready-timeout", type=float, default=900)
+    parser.add_argument("--ready-timeout", type=float, default=1500)
+    parser.add_argument("--eager", action="store_true", help="pass --enforce-eager to vLLM")
     parser.add_argument("--out", type=Path, default=RESULTS / "vllm.md")
     args = parser.parse_args(argv)
 
@@ -254,12 +259,13 @@ def main(argv: list[str] | None = None) -> int:
 
     convert(args.model_dir)
     log = args.out.with_suffix(".server.log")
-    server = start_server(args.model_dir, args.port, args.runner, log)
+    server = start_server(args.model_dir, args.port, args.runner, log, args.eager)
     try:
         ready = wait_ready(server, args.port, args.ready_timeout)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{args.port}/v1", api_key="none",
                                timeout=600)
         results = {"vllm": vllm.__version__, "torch": torch.__version__, "runner": args.runner,
+                   "eager": args.eager,
                    "date": time.strftime("%Y-%m-%d"), "ready_s": ready,
                    "tools": tool_checks(client), "json": json_checks(client),
                    "bad_request": bad_request(client)}
