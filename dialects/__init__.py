@@ -7,7 +7,13 @@ rendering.
     message = d.parse(output_text)
 """
 
-from pegmask.dialects.base import Dialect, DialectStreamParser, accumulate, get_dialect
+from pegmask.dialects.base import (
+    Dialect,
+    DialectStreamParser,
+    accumulate,
+    dialect_names,
+    get_dialect,
+)
 from pegmask.dialects.request import ChatRequest, RequestError
 from pegmask.dialects.templating import render_chat_template
 
@@ -17,6 +23,7 @@ __all__ = [
     "DialectStreamParser",
     "RequestError",
     "accumulate",
+    "dialect_names",
     "get_dialect",
     "render_chat_template",
 ]

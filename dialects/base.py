@@ -91,6 +91,11 @@ TURN_TAG = "turn"  # wraps the whole output so every byte lies inside some captu
 _GRAMMAR_CACHE_SIZE = 64
 
 
+def dialect_names() -> list[str]:
+    """The names `get_dialect` knows, sorted."""
+    return sorted(_REGISTRY)
+
+
 def get_dialect(name: str, **options: Any) -> Dialect:
     """The dialect called `name`, configured by its options (e.g. ``version="v3.2"``)."""
     try:

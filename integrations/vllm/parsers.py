@@ -1,0 +1,265 @@
+"""vLLM tool-call and reasoning parsers for every pegmask dialect, on pegmask's own parser.
+
+vLLM runs a reasoning parser over the output first and hands the rest to the tool-call parser
+(`vllm.parser.abstract_parser.DelegatingParser`). Here both read the dialect's grammar:
+
+* `PegmaskReasoningParser`: the leading reasoning (`ReasoningSplit`); the rest starts where it
+  parses as a turn of its own (Hermes' answer or `<tool_call>`, Harmony's next `<|channel|>`).
+* `PegmaskToolParser`: content and tool calls of that rest, through `DialectStreamParser`
+  (calls released once they close, malformed ones returned as content). Without a reasoning
+  parser, reasoning markup is content, as vLLM does. Reasoning the dialect writes after the
+  answer starts (Harmony's later analysis messages) is streamed as `reasoning`; a
+  non-streamed reply has no place for it.
+
+Both stream on vLLM's engine-based path (`engine_based_streaming`): they keep their own state
+and flush it in `finish_streaming`. With tools (and no other structured output) the tool parser
+asks for the dialect's tool-call grammar under `vllm_xargs["pegmask"]`, which
+`PegmaskLogitsProcessor` applies; `tool_choice` "required" and named tools are enforced by
+that grammar, not by vLLM's JSON mode (`supports_required_and_named = False`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from typing import Any, ClassVar
+
+from vllm.entrypoints.generate.base.protocol import (
+    DeltaFunctionCall,
+    DeltaMessage,
+    DeltaToolCall,
+    ExtractedToolCallInformation,
+    FunctionCall,
+    ToolCall,
+)
+from vllm.reasoning import ReasoningParser
+from vllm.tool_parsers import ToolParser
+
+from pegmask.dialects import ChatRequest, Dialect, DialectStreamParser, RequestError, dialect_names
+from pegmask.engine.engine import dialect_options
+from pegmask.grammars import ParseError
+from pegmask.integrations.constraints import dialect_named
+from pegmask.integrations.dialect_output import ReasoningSplit
+from pegmask.integrations.vllm import parser_class_name
+
+XARGS_KEY = "pegmask"
+
+
+def to_delta_message(deltas: Iterable[dict[str, Any]]) -> DeltaMessage | None:
+    """pegmask's OpenAI deltas as one vLLM `DeltaMessage` (None when there are none)."""
+    content: list[str] = []
+    reasoning: list[str] = []
+    calls: list[DeltaToolCall] = []
+    for delta in deltas:
+        content.append(delta.get("content") or "")
+        reasoning.append(delta.get("reasoning_content") or "")
+        for piece in delta.get("tool_calls", []):
+            function = piece["function"]
+            calls.append(DeltaToolCall(
+                index=piece["index"], id=piece.get("id"), type=piece.get("type"),
+                function=DeltaFunctionCall(name=function.get("name"),
+                                           arguments=function.get("arguments"))))
+    if not (any(content) or any(reasoning) or calls):
+        return None
+    return DeltaMessage(content="".join(content) or None,
+                        reasoning="".join(reasoning) or None, tool_calls=calls)
+
+
+def tools_request(request: Any) -> ChatRequest:
+    """What the tool-call parser needs of a vLLM request: the tools' schemas (XML dialects type
+    parameter values by them). Not its reasoning switches: the tool-call parser reads the
+    output after the reasoning, with reasoning off."""
+    try:
+        return ChatRequest(tools=_tools(request))
+    except RequestError:
+        return ChatRequest()
+
+
+class PegmaskToolParser(ToolParser):
+    """Tool calls and content of a dialect's output (see the module docstring)."""
+
+    dialect_name: ClassVar[str] = ""
+    supports_required_and_named = False
+    engine_based_streaming = True
+
+    def __init__(self, tokenizer: Any, tools: list[Any] | None = None):
+        super().__init__(tokenizer, tools)
+        self._stream: DialectStreamParser | None = None
+
+    @property
+    def dialect(self) -> Dialect:
+        """The dialect with reasoning off: what it reads follows the leading reasoning."""
+        return dialect_named(self.dialect_name, False)
+
+    def adjust_request(self, request: Any) -> Any:
+        """Keep special tokens in the text (the dialects' tags) and, for a request with tools
+        and no other structured output, ask for the dialect's tool-call grammar."""
+        if not request.tools or request.tool_choice == "none":
+            return request
+        if hasattr(request, "skip_special_tokens"):
+            request.skip_special_tokens = False
+        xargs = dict(request.vllm_xargs or {})
+        if XARGS_KEY not in xargs and not _has_structured_output(request):
+            xargs[XARGS_KEY] = json.dumps(self.tool_spec(request), ensure_ascii=False)
+            request.vllm_xargs = xargs
+        return request
+
+    def tool_spec(self, request: Any) -> dict[str, Any]:
+        """The `dialect` constraint for a request's tools and tool_choice (reasoning off for a
+        Hermes-family model whose chat template never mentions `<think>`, as the engine)."""
+        spec: dict[str, Any] = {"dialect": self.dialect_name, "tools": _tools(request),
+                                "tool_choice": _plain(request.tool_choice or "auto")}
+        template = getattr(self.model_tokenizer, "chat_template", None)
+        spec.update(dialect_options(self.dialect_name, template))
+        if request.parallel_tool_calls is not None:
+            spec["parallel_tool_calls"] = bool(request.parallel_tool_calls)
+        kwargs = getattr(request, "chat_template_kwargs", None)
+        if kwargs:
+            spec["chat_template_kwargs"] = _plain(kwargs)
+        return spec
+
+    def extract_tool_calls(self, model_output: str, request: Any) -> ExtractedToolCallInformation:
+        parser = self.dialect.stream_parser(tools_request(request))
+        parser.feed(model_output)
+        parser.finish()
+        message = parser.message
+        calls = [ToolCall(id=call["id"], function=FunctionCall(
+            name=call["function"]["name"], arguments=call["function"]["arguments"]))
+            for call in message["tool_calls"]]
+        return ExtractedToolCallInformation(tools_called=bool(calls), tool_calls=calls,
+                                            content=message["content"])
+
+    def extract_tool_calls_streaming(
+        self, previous_text: str, current_text: str, delta_text: str,
+        previous_token_ids: Sequence[int], current_token_ids: Sequence[int],
+        delta_token_ids: Sequence[int], request: Any,
+    ) -> DeltaMessage | None:
+        if self._stream is None:
+            self._stream = self.dialect.stream_parser(tools_request(request))
+        return to_delta_message(self._stream.feed(delta_text))
+
+    def finish_streaming(self) -> DeltaMessage | None:
+        """End of a streamed output: what the parser still held (a trailing partial tag)."""
+        return None if self._stream is None else to_delta_message(self._stream.finish())
+
+
+class PegmaskReasoningParser(ReasoningParser):
+    """The leading reasoning of a dialect's output (see the module docstring)."""
+
+    dialect_name: ClassVar[str] = ""
+    engine_based_streaming = True
+
+    def __init__(self, tokenizer: Any, *args: Any, **kwargs: Any):
+        super().__init__(tokenizer, *args, **kwargs)
+        self.request = ChatRequest(chat_template_kwargs=dict(
+            kwargs.get("chat_template_kwargs") or {}))
+        self.dialect = dialect_named(self.dialect_name)
+        self._split = ReasoningSplit(self.dialect, self.request)
+        self._handed = 0  # characters of the rest already handed to the tool phase
+
+    def adjust_request(self, request: Any) -> Any:
+        if hasattr(request, "skip_special_tokens"):
+            request.skip_special_tokens = False  # the reasoning tags are special tokens
+        return request
+
+    def extract_reasoning(self, model_output: str, request: Any) -> tuple[str | None, str | None]:
+        split = ReasoningSplit(self.dialect, self.request)
+        reasoning = split.feed(model_output) + split.finish()
+        if not split.ended:
+            return reasoning or None, None
+        return reasoning or None, split.rest or None
+
+    def extract_reasoning_streaming(
+        self, previous_text: str, current_text: str, delta_text: str,
+        previous_token_ids: Sequence[int], current_token_ids: Sequence[int],
+        delta_token_ids: Sequence[int],
+    ) -> DeltaMessage | None:
+        reasoning = self._split.feed(delta_text)
+        return DeltaMessage(reasoning=reasoning) if reasoning else None
+
+    def has_engine_confirmed_reasoning_end(self) -> bool:
+        return self._split.ended
+
+    def finish_streaming(self) -> DeltaMessage | None:
+        """Called when the reasoning ends (the rest so far goes on to the tool-call phase), and
+        at the end of an output whose reasoning never ended (what was held back)."""
+        if not self._split.ended:
+            reasoning = self._split.finish()
+            if not self._split.ended:
+                return DeltaMessage(reasoning=reasoning) if reasoning else None
+            message = self.dialect.parse(self._split.rest, self.request)
+            return DeltaMessage(reasoning=reasoning or None, content=message["content"])
+        rest = self._split.rest[self._handed:]
+        self._handed += len(rest)
+        return DeltaMessage(content=rest) if rest else None
+
+    def is_reasoning_end(self, input_ids: Sequence[int]) -> bool:
+        """Whether an output (token ids) has left its leading reasoning. Ids that do not parse
+        as an output (a prompt) have not: the split then finds the end in the output itself,
+        right away where the output has no reasoning."""
+        split, text = self._split_ids(input_ids)
+        if not split.ended:
+            return False
+        try:
+            split.grammar.stream_parser().feed(text)
+        except ParseError:
+            return False
+        return True
+
+    def extract_content_ids(self, input_ids: list[int]) -> list[int]:
+        """The ids of an output from the first token that holds the rest on."""
+        split, text = self._split_ids(input_ids)
+        if not split.ended:
+            return []
+        start = len(text) - len(split.rest)
+        decode = self.model_tokenizer.decode
+        low, high = 0, len(input_ids)  # the first k whose prefix reaches past the split
+        while low < high:
+            middle = (low + high) // 2
+            if len(decode(input_ids[:middle + 1], skip_special_tokens=False)) > start:
+                high = middle
+            else:
+                low = middle + 1
+        return list(input_ids[low:])
+
+    def _split_ids(self, input_ids: Sequence[int]) -> tuple[ReasoningSplit, str]:
+        text = self.model_tokenizer.decode(list(input_ids), skip_special_tokens=False)
+        split = ReasoningSplit(self.dialect, self.request)
+        split.feed(text)
+        return split, text
+
+
+def _tools(request: Any) -> list[dict[str, Any]]:
+    """The request's function tools as OpenAI dicts."""
+    return [_plain(tool) for tool in request.tools or []
+            if _plain(tool).get("type", "function") == "function"]
+
+
+def _plain(value: Any) -> Any:
+    """A pydantic value as plain JSON data."""
+    if hasattr(value, "model_dump"):
+        return value.model_dump(mode="json", exclude_none=True)
+    return value
+
+
+def _has_structured_output(request: Any) -> bool:
+    """Whether vLLM already constrains the request (response_format or structured outputs)."""
+    response_format = getattr(request, "response_format", None)
+    kind = getattr(response_format, "type", None)
+    if kind not in (None, "text"):
+        return True
+    return getattr(request, "structured_outputs", None) is not None
+
+
+def _parser_classes() -> dict[str, type]:
+    """One tool and one reasoning parser class per dialect, named for lazy registration."""
+    classes: dict[str, type] = {}
+    for dialect in dialect_names():
+        for kind, base in (("Tool", PegmaskToolParser), ("Reasoning", PegmaskReasoningParser)):
+            name = parser_class_name(dialect, kind)
+            classes[name] = type(name, (base,), {"dialect_name": dialect, "__module__": __name__,
+                                                 "__doc__": f"{base.__doc__} Dialect {dialect}."})
+    return classes
+
+
+globals().update(_parser_classes())

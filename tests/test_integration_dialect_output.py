@@ -1,0 +1,117 @@
+"""`ReasoningSplit`, which the vLLM reasoning parsers run: for outputs drawn from every
+dialect's grammar, the leading reasoning plus what the dialect parses from the rest is what
+it parses from the whole output, however the output is cut into pieces."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from grammar_sampling import sample_symbols
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pegmask.dialects import ChatRequest, dialect_names
+from pegmask.grammars.program import SPECIAL_BASE
+from pegmask.integrations.constraints import dialect_named
+from pegmask.integrations.dialect_output import ReasoningSplit, rest_dialect
+
+TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {
+    "type": "object", "properties": {"q": {"type": "string"}, "n": {"type": "integer"}},
+    "required": ["q"]}}}]
+FIXED = {
+    "hermes": ["<think>\nhmm\n</think>\n\nSure.\n<tool_call>\n"
+               '{"name": "lookup", "arguments": {"q": "x"}}\n</tool_call><|im_end|>',
+               "Plain answer<|im_end|>", "no open tag</think>\n\nAnswer."],
+    "harmony": ["<|channel|>analysis<|message|>a<|end|><|start|>assistant<|channel|>analysis"
+                "<|message|>b<|end|><|start|>assistant<|channel|>final<|message|>Hi<|return|>",
+                "<|channel|>analysis<|message|>plan<|end|><|start|>assistant<|channel|>"
+                'commentary to=functions.lookup <|constrain|>json<|message|>{"q": "x"}<|call|>'],
+    "hermes-xml": ["<think>\nplan\n</think>\n\nOk.\n<tool_call>\n<function=lookup>\n"
+                   "<parameter=q>\nx\n</parameter>\n<parameter=n>\n3\n</parameter>\n"
+                   "</function>\n</tool_call><|im_end|>"],
+    "dsml": ["Need it.</think>\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"lookup\">\n"
+             "<｜DSML｜parameter name=\"q\" string=\"true\">x</｜DSML｜parameter>\n"
+             "</｜DSML｜invoke>\n</｜DSML｜function_calls><｜end▁of▁sentence｜>"],
+    "llmjp-harmony": ["<|channel|> analysis<|message|> I'm\nthinking<|end|><|start|> assistant"
+                      "<|channel|> final<|message|> Hello!",
+                      "<|channel|> analysis<|message|> plan<|end|><|start|> assistant to=functions."
+                      "lookup<|channel|> commentary <|constrain|>  json<|message|> {\"q\": \"x\"}"],
+}
+
+
+def text_of(program, symbols: list[int]) -> str | None:
+    data = b"".join(program.specials[s - SPECIAL_BASE].encode() if s >= SPECIAL_BASE
+                    else bytes([s]) for s in symbols)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def outputs(dialect: str) -> list[str]:
+    """Outputs of the dialect's strict grammars (reasoning, content, calls) plus fixed ones."""
+    found = list(FIXED.get(dialect, []))
+    rng = random.Random(dialect)
+    for choice in ("auto", "required"):
+        grammar = dialect_named(dialect).grammar(ChatRequest(tools=TOOLS, tool_choice=choice))
+        kept = 0
+        for _ in range(300):
+            symbols = sample_symbols(grammar.program, rng, max_len=160, stop_probability=0.05)
+            text = None if symbols is None else text_of(grammar.program, symbols)
+            kept += bool(text)
+            found += [text] if text else []
+            if kept == 12:
+                break
+    return found
+
+
+_OUTPUTS = {name: outputs(name) for name in dialect_names()}
+
+
+def split(dialect: str, text: str, cuts: list[int]) -> tuple[str, bool, str]:
+    splitter = ReasoningSplit(dialect_named(dialect))
+    bounds = [0, *sorted(set(cuts)), len(text)]
+    reasoning = "".join(splitter.feed(text[a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=True))
+    return reasoning + splitter.finish(), splitter.ended, splitter.rest
+
+
+@pytest.mark.parametrize("dialect", dialect_names())
+def test_samples_cover_reasoning_and_calls(dialect: str) -> None:
+    messages = [dialect_named(dialect).parse(text) for text in _OUTPUTS[dialect]]
+    assert len(messages) >= 10
+    assert any(m["reasoning_content"] for m in messages), dialect
+    assert any(m["tool_calls"] for m in messages), dialect
+
+
+@pytest.mark.parametrize("dialect", dialect_names())
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_reasoning_and_rest_parse_as_the_whole(dialect: str, data: st.DataObject) -> None:
+    text = data.draw(st.sampled_from(_OUTPUTS[dialect]))
+    cuts = data.draw(st.lists(st.integers(0, len(text)), max_size=8))
+    reasoning, ended, rest = split(dialect, text, cuts)
+    assert (reasoning, ended, rest) == split(dialect, text, [])  # chunking does not matter
+    d = dialect_named(dialect)
+    whole = d.parse(text)
+    if not ended:  # cut off inside the reasoning
+        assert rest == "" and whole["content"] is None and not whole["tool_calls"]
+        assert reasoning == (whole["reasoning_content"] or "")
+        return
+    assert text.endswith(rest)
+    after = rest_dialect(d).parse(rest)
+    later = after["reasoning_content"]  # reasoning written after the answer began
+    assert "\n".join(filter(None, [reasoning, later])) == (whole["reasoning_content"] or "")
+    assert after["content"] == whole["content"]
+    assert ([c["function"] for c in after["tool_calls"]]
+            == [c["function"] for c in whole["tool_calls"]])
+
+
+def test_split_points_are_where_the_rest_starts_a_turn() -> None:
+    reasoning, ended, rest = split("hermes", FIXED["hermes"][0], [])
+    assert (reasoning, ended) == ("hmm", True)
+    assert rest.startswith("Sure.\n<tool_call>")
+    reasoning, ended, rest = split("harmony", FIXED["harmony"][0], [])
+    assert (reasoning, ended, rest) == ("a\nb", True, "<|channel|>final<|message|>Hi<|return|>")
+    assert split("hermes", "<think>cut off", [3]) == ("cut off", True, "")
+    assert split("hermes", "Just text", []) == ("", True, "Just text")
