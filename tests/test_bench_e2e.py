@@ -15,7 +15,7 @@ def test_e2e_command_smoke(tmp_path: Path) -> None:
     """One prompt, few tokens: five modes measured; the cold constrained run and the warm one
     decode the same tokens (same seeds: a compiled-grammar cache must not change the output)."""
     out = tmp_path / "e2e.md"
-    assert cli(["bench", "e2e", "--prompts", "1", "--max-tokens", "12", "--out", str(out)]) == 0
+    assert cli(["bench", "e2e", "--prompts", "1", "--max-tokens", "24", "--out", str(out)]) == 0
     data = json.loads(out.with_suffix(".json").read_text())
     modes = data["modes"]
     assert list(modes) == ["constrained, cold (compile + first masks)",
@@ -30,8 +30,6 @@ def test_e2e_command_smoke(tmp_path: Path) -> None:
 
 
 def test_bench_names(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli(["bench", "serve"]) == 2  # the load bench is not in this version yet
-    assert "pegmask bench serve: not in this version" in capsys.readouterr().err
     assert cli(["bench", "nonesuch"]) == 2
     listed = capsys.readouterr().err
     assert all(name in listed for name in ("grammars", "tools", "e2e", "serve"))
