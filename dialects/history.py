@@ -179,12 +179,13 @@ def _content(value: Any) -> tuple[str, list[dict[str, Any]] | None]:
         if not isinstance(part, Mapping):
             raise HistoryError(f"content part must be an object, got {part!r}")
         kind = part.get("type", "text")
-        if kind in _TEXT_PART_TYPES:
-            texts.append(part.get("text") or "")
-            parts.append({"type": "text", "text": part.get("text") or ""})
-        elif kind == "refusal":
-            texts.append(part.get("refusal") or "")
-            parts.append({"type": "text", "text": part.get("refusal") or ""})
+        if kind in _TEXT_PART_TYPES or kind == "refusal":
+            key = "refusal" if kind == "refusal" else "text"
+            text = part.get(key) or ""
+            if not isinstance(text, str):
+                raise HistoryError(f"a {kind} part's {key} must be a string, got {text!r}")
+            texts.append(text)
+            parts.append({"type": "text", "text": text})
         else:
             parts.append(dict(part))
     return "\n".join(texts), parts
@@ -214,6 +215,10 @@ class _Builder:
         return f"call_{n}"
 
     def add_call(self, message: Message, call_id: str | None, name: str, arguments: Any) -> None:
+        if call_id is not None and not isinstance(call_id, str):
+            raise HistoryError(f"a tool call id must be a string, got {call_id!r}")
+        if not isinstance(name, str):
+            raise HistoryError(f"a tool call's name must be a string, got {name!r}")
         call = ToolCall(call_id or self.new_call_id(), name, parse_arguments(arguments))
         message.tool_calls.append(call)
         self.calls[call.id] = call
@@ -227,6 +232,8 @@ class _Builder:
         name: str | None = None,
         is_error: bool = False,
     ) -> None:
+        if call_id is not None and not isinstance(call_id, str):
+            raise HistoryError(f"a tool result's call id must be a string, got {call_id!r}")
         call = self.calls.get(call_id) if call_id else None
         if call is None and call_id is None:
             candidates = [c for c in self.unanswered if name is None or c.name == name]
@@ -397,9 +404,14 @@ def from_anthropic(messages: Iterable[Mapping[str, Any]], system: Any = None) ->
         content = raw.get("content")
         if role not in ("user", "assistant"):
             raise HistoryError(f"unknown message role {role!r}")
-        blocks = (
-            [{"type": "text", "text": content}] if isinstance(content, str) else list(content or ())
-        )
+        if isinstance(content, str):
+            blocks = [{"type": "text", "text": content}]
+        elif content is None or (
+            isinstance(content, list) and all(isinstance(block, Mapping) for block in content)
+        ):
+            blocks = list(content or ())
+        else:
+            raise HistoryError(f"content must be a string or a list of blocks, got {content!r}")
         if role == "assistant":
             message = builder.add(Message("assistant"))
             shown, thoughts = [], []

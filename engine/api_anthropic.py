@@ -3,8 +3,9 @@
 `system`, content blocks (`text`, `tool_use`, `tool_result`, `thinking`) and tools with
 `input_schema` are normalized by `pegmask.dialects.history` into the chat history every renderer
 reads; `tool_choice` (`auto`, `any`, `tool`, `none`, `disable_parallel_tool_use`), `thinking`,
-`stop_sequences` and `max_tokens` map onto the engine's chat request. The answer's blocks are
-thinking, text and tool_use (input as an object); streamed, Anthropic's event sequence:
+`stop_sequences`, `max_tokens` and `output_config` (effort, and a json_schema format) map onto
+the engine's chat request. The answer's blocks are thinking, text and tool_use (input as an
+object); streamed, Anthropic's event sequence:
 `message_start`, per block `content_block_start`, `_delta` (`thinking_delta`, `text_delta`,
 `input_json_delta`) and `_stop`, then `message_delta` (stop_reason, usage) and `message_stop`.
 Tool-use ids are the engine's call ids, shared with the OpenAI APIs (one replay memory).
@@ -12,25 +13,29 @@ Tool-use ids are the engine's call ids, shared with the OpenAI APIs (one replay 
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+import pydantic_core
 from fastapi import FastAPI, Request
-from starlette.concurrency import run_in_threadpool
 
 from pegmask.dialects.history import HistoryError, normalize_history, normalize_tools
 from pegmask.engine import sse
 from pegmask.engine.engine import GenerationResult, GenerationStream
 from pegmask.engine.errors import APIError, error_body
 from pegmask.engine.requests import log_unknown_fields
-from pegmask.engine.serving import ServerContext
+from pegmask.engine.serving import ServerContext, boolean, text_only
 
 _FIELDS = frozenset({"system", "tools", "tool_choice", "thinking", "stop_sequences",
-                     "max_tokens", "container", "mcp_servers"})
+                     "max_tokens", "container", "mcp_servers", "output_config", "output_format"})
+# Sampling fields passed through as they are (Anthropic's, and pegmask's extensions).
 _PASSED = ("temperature", "top_p", "top_k", "min_p", "seed", "frequency_penalty",
-           "presence_penalty", "repetition_penalty", "close_on_length")
+           "presence_penalty", "repetition_penalty", "logit_bias", "stop_token_ids",
+           "ignore_eos", "min_tokens", "close_on_length")
+# Engine options by the request field they come from.
+_RENAMED = {"stop": "stop_sequences", "response_format": "output_config",
+            "chat_template_kwargs": "thinking"}
 _STOP_REASONS = {"tool_calls": "tool_use", "length": "max_tokens", "stop": "end_turn"}
 
 
@@ -44,9 +49,10 @@ def register(app: FastAPI, context: ServerContext) -> None:
         if body.get("max_tokens") is None:
             raise APIError(400, "max_tokens is required", "max_tokens")
         messages, options = _request(body)
-        stream = await context.start(context.engine.request(messages, **options))
+        streamed = boolean(body, "stream")
+        stream = await context.start(messages, options, _RENAMED)
         message_id = f"msg_{uuid.uuid4().hex}"
-        if not body.get("stream"):
+        if not streamed:
             result = await context.finish(request, stream)
             return _message(message_id, context.model, result)
         events = _stream(message_id, context.model, stream)
@@ -59,9 +65,7 @@ def register(app: FastAPI, context: ServerContext) -> None:
         body = await context.body(request)
         context.check_model(body.get("model"))
         messages, options = _request(body, counting=True)
-        generation = context.engine.request(messages, **options)
-        return {"input_tokens": await run_in_threadpool(context.engine.prompt_tokens,
-                                                        generation)}
+        return {"input_tokens": await context.prompt_tokens(messages, options, _RENAMED)}
 
 
 # --------------------------------------------------------------------------- the request
@@ -83,6 +87,7 @@ def _request(body: dict[str, Any], *, counting: bool = False) -> tuple[list[Any]
         history = normalize_history(source, "anthropic", system=system)
     except HistoryError as exc:
         raise APIError(400, str(exc), "messages") from exc
+    text_only(history, "messages")
     options: dict[str, Any] = {name: body[name] for name in _PASSED if body.get(name) is not None}
     if not counting:
         options["max_tokens"] = body["max_tokens"]
@@ -98,14 +103,47 @@ def _request(body: dict[str, Any], *, counting: bool = False) -> tuple[list[Any]
             raise APIError(400, "stop_sequences must be a list of strings", "stop_sequences")
         if stops:
             options["stop"] = stops
+    template_kwargs: dict[str, Any] = {}
     thinking = body.get("thinking")
     if thinking is not None:
+        budget = thinking.get("budget_tokens") if isinstance(thinking, Mapping) else None
         if not isinstance(thinking, Mapping) or thinking.get("type") not in (
-                "enabled", "disabled", "adaptive"):
-            raise APIError(400, 'thinking must be {"type": "enabled" | "disabled", ...}',
-                           "thinking")
-        options["chat_template_kwargs"] = {"enable_thinking": thinking["type"] != "disabled"}
+                "enabled", "disabled", "adaptive") or not (
+                budget is None or (isinstance(budget, int) and not isinstance(budget, bool))):
+            raise APIError(400, 'thinking must be {"type": "enabled" | "disabled", '
+                                '"budget_tokens": an integer}', "thinking")
+        template_kwargs["enable_thinking"] = thinking["type"] != "disabled"
+    options.update(_output_config(body, template_kwargs))
+    if template_kwargs:
+        options["chat_template_kwargs"] = template_kwargs
     return history.to_template_messages(), options
+
+
+def _output_config(body: Mapping[str, Any], template_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Structured output (`output_config.format`, or the beta's top-level `output_format`:
+    `{"type": "json_schema", "schema": {...}}`) as the engine's response_format; the effort
+    goes to the chat template as the reasoning effort."""
+    config = body.get("output_config")
+    if config is None:
+        config = {}
+    if not isinstance(config, Mapping):
+        raise APIError(400, "output_config must be an object", "output_config")
+    effort = config.get("effort")
+    if effort is not None:
+        if not isinstance(effort, str):
+            raise APIError(400, "output_config.effort must be a string", "output_config")
+        template_kwargs["reasoning_effort"] = effort
+    spec, param = config.get("format"), "output_config"
+    if spec is None:
+        spec, param = body.get("output_format"), "output_format"
+    if spec is None:
+        return {}
+    if not isinstance(spec, Mapping) or spec.get("type") != "json_schema" or not isinstance(
+            spec.get("schema"), Mapping):
+        raise APIError(400, f'{param} format must be {{"type": "json_schema", "schema": {{...}}}}',
+                       param)
+    return {"response_format": {"type": "json_schema",
+                                "json_schema": {"name": "output", "schema": spec["schema"]}}}
 
 
 def _tools(tools: Any) -> list[dict[str, Any]]:
@@ -134,7 +172,7 @@ def _tool_choice(choice: Any) -> dict[str, Any]:
         raise APIError(400, "tool_choice must be an object", "tool_choice")
     kind = choice.get("type")
     options: dict[str, Any] = {}
-    if choice.get("disable_parallel_tool_use"):
+    if boolean(choice, "disable_parallel_tool_use"):
         options["parallel_tool_calls"] = False
     if kind == "auto":
         options["tool_choice"] = "auto"
@@ -176,14 +214,15 @@ def _message(message_id: str, model: str, result: GenerationResult) -> dict[str,
                       "output_tokens": result.usage["completion_tokens"]}}
 
 
-def _input(arguments: str) -> Any:
-    """A call's arguments as the object Anthropic's `input` holds (text that is not a JSON
-    object, which a cut-off call may leave, is kept as a string)."""
+def _input(arguments: str) -> dict[str, Any]:
+    """A call's arguments as the object Anthropic's `input` holds. A call cut short by
+    max_tokens keeps what its partial JSON holds, as the SDKs read the same arguments streamed
+    (`input_json_delta`)."""
     try:
-        value = json.loads(arguments)
+        value = pydantic_core.from_json(arguments, allow_partial=True)
     except ValueError:
-        return arguments
-    return value if isinstance(value, dict) else arguments
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 async def _stream(message_id: str, model: str, stream: GenerationStream) -> AsyncIterator[str]:

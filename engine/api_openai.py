@@ -19,7 +19,7 @@ from pegmask.engine.decode import TokenLogprob
 from pegmask.engine.engine import Choice, GenerationResult, GenerationStream
 from pegmask.engine.errors import APIError, error_body
 from pegmask.engine.requests import openai_request
-from pegmask.engine.serving import ServerContext
+from pegmask.engine.serving import ServerContext, boolean
 from pegmask.grammars.vocab import Vocabulary
 
 
@@ -39,13 +39,16 @@ async def _complete(context: ServerContext, http: Request, *, chat: bool) -> Any
     body = await context.body(http)
     context.check_model(body.get("model"))
     source, options = openai_request(body, chat=chat)
-    stream = await context.start(context.engine.request(source, **options))
-    if not body.get("stream"):
+    streamed = boolean(body, "stream")
+    stream_options = body.get("stream_options") or {}
+    if not isinstance(stream_options, dict):
+        raise APIError(400, "stream_options must be an object", "stream_options")
+    include_usage = boolean(stream_options, "include_usage")
+    stream = await context.start(source, options)
+    if not streamed:
         result = await context.finish(http, stream)
         return completion_response(result, context.model, chat=chat,
                                    vocab=context.engine.vocab)
-    stream_options = body.get("stream_options") or {}
-    include_usage = isinstance(stream_options, dict) and bool(stream_options.get("include_usage"))
     chunks = _chunks(stream, context.model, context.engine.vocab, chat=chat,
                      include_usage=include_usage)
     return sse.streaming_response(

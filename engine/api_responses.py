@@ -8,7 +8,8 @@ Function tools, `tool_choice`, `parallel_tool_calls`, `text.format` (json_schema
 list of output items (reasoning, message, function calls); streamed, the documented event
 sequence: `response.created`, `response.in_progress`, then per item `output_item.added`, its
 content part, text or argument deltas and their `.done` events, `output_item.done`, and finally
-`response.completed` (`response.incomplete` when `max_output_tokens` cut it short).
+`response.completed` (`response.incomplete` when `max_output_tokens` cut it short; `error` and
+`response.failed` when it fails once started).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from pegmask.engine.decode import TokenLogprob
 from pegmask.engine.engine import GenerationResult, GenerationStream
 from pegmask.engine.errors import APIError
 from pegmask.engine.requests import log_unknown_fields
-from pegmask.engine.serving import ServerContext, string_or_none
+from pegmask.engine.serving import ServerContext, boolean, string_or_none, text_only
 from pegmask.grammars.vocab import Vocabulary
 
 # Request fields this module reads (the rest are descriptive or logged as unknown).
@@ -40,8 +41,12 @@ _FIELDS = frozenset({"input", "instructions", "tools", "tool_choice", "parallel_
                      "prompt", "max_tool_calls"})
 # Sampling fields passed through as they are (OpenAI's and pegmask's extensions).
 _PASSED = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "frequency_penalty",
-           "presence_penalty", "repetition_penalty", "logit_bias", "close_on_length")
+           "presence_penalty", "repetition_penalty", "logit_bias", "stop_token_ids",
+           "ignore_eos", "min_tokens", "close_on_length")
 _LOGPROBS_INCLUDE = "message.output_text.logprobs"
+# Engine options by the request field they come from.
+_RENAMED = {"max_tokens": "max_output_tokens", "response_format": "text",
+            "chat_template_kwargs": "reasoning"}
 
 
 def register(app: FastAPI, context: ServerContext) -> None:
@@ -53,17 +58,20 @@ def register(app: FastAPI, context: ServerContext) -> None:
         body = await context.body(request)
         context.check_model(body.get("model"))
         plan = _plan(body, store)
-        stream = await context.start(context.engine.request(plan.messages, **plan.options))
+        streamed = boolean(body, "stream")
+        stream = await context.start(plan.messages, plan.options, _RENAMED)
         vocab = context.engine.vocab
-        if not body.get("stream"):
+        if not streamed:
             result = await context.finish(request, stream)
             builder = _OutputBuilder(vocab, plan.logprobs)
             builder.message(result)
             response = _response(plan, context.model, builder.items, result, "completed")
             store.keep(plan, response)
             return response
-        events = _stream(plan, stream, context.model, vocab, store)
-        return sse.streaming_response(events, lambda error: [_error_event(error)], stream.close)
+        builder = _OutputBuilder(vocab, plan.logprobs)
+        events = _stream(plan, stream, context.model, builder, store)
+        return sse.streaming_response(
+            events, lambda error: _failed(plan, context.model, builder, error), stream.close)
 
     @app.get("/v1/responses/{response_id}")
     async def retrieve(response_id: str) -> Any:
@@ -111,6 +119,8 @@ def _plan(body: dict[str, Any], store: ResponseStore) -> _Plan:
         history = normalize_history(items, "responses", instructions=instructions)
     except HistoryError as exc:
         raise APIError(400, str(exc), "input") from exc
+    text_only(history, "input")
+    boolean(body, "store", True)
     options: dict[str, Any] = {name: body[name] for name in _PASSED if body.get(name) is not None}
     if body.get("max_output_tokens") is not None:
         options["max_tokens"] = body["max_output_tokens"]
@@ -129,10 +139,12 @@ def _plan(body: dict[str, Any], store: ResponseStore) -> _Plan:
         if not isinstance(reasoning, Mapping):
             raise APIError(400, "reasoning must be an object", "reasoning")
         if reasoning.get("effort") is not None:
+            if not isinstance(reasoning["effort"], str):
+                raise APIError(400, "reasoning.effort must be a string", "reasoning")
             options["chat_template_kwargs"] = {"reasoning_effort": reasoning["effort"]}
     include = body.get("include") or []
-    if not isinstance(include, list):
-        raise APIError(400, "include must be a list", "include")
+    if not isinstance(include, list) or not all(isinstance(item, str) for item in include):
+        raise APIError(400, "include must be a list of strings", "include")
     logprobs = _LOGPROBS_INCLUDE in include or bool(body.get("top_logprobs"))
     if logprobs:
         options["logprobs"] = True
@@ -408,9 +420,8 @@ class _OutputBuilder:
         return {"token": text, "logprob": entry.logprob, "bytes": data, "top_logprobs": top}
 
 
-async def _stream(plan: _Plan, stream: GenerationStream, model: str, vocab: Vocabulary,
+async def _stream(plan: _Plan, stream: GenerationStream, model: str, builder: _OutputBuilder,
                   store: ResponseStore) -> AsyncIterator[str]:
-    builder = _OutputBuilder(vocab, plan.logprobs)
     yield builder.event("response.created",
                         response=_response(plan, model, [], None, "in_progress"))
     yield builder.event("response.in_progress",
@@ -433,7 +444,11 @@ async def _stream(plan: _Plan, stream: GenerationStream, model: str, vocab: Voca
     yield builder.event(kind, response=response)
 
 
-def _error_event(error: APIError) -> str:
-    return sse.named("error", {"type": "error", "code": str(error.status),
-                               "message": error.message, "param": error.param,
-                               "sequence_number": 0})
+def _failed(plan: _Plan, model: str, builder: _OutputBuilder, error: APIError) -> list[str]:
+    """The events of a stream that failed once started: `error`, then `response.failed` with
+    the output so far."""
+    code = str(error.status)
+    response = _response(plan, model, builder.items, None, "failed")
+    response["error"] = {"code": code, "message": error.message}
+    return [builder.event("error", code=code, message=error.message, param=error.param),
+            builder.event("response.failed", response=response)]

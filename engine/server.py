@@ -7,12 +7,12 @@
 
 Routes run on the event loop and never decode: requests are prepared in worker threads and
 decoded by the engine's scheduler, which batches every request in flight. Errors take each
-API's own shape (engine/errors.py); `--api-key` guards every route but /health and /metrics.
+API's own shape (engine/errors.py): routes raise, and the gateway middleware answers
+(engine/serving.py); `--api-key` guards every route but /health and /metrics.
 """
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -21,24 +21,15 @@ from starlette.exceptions import HTTPException
 
 from pegmask.engine import api_anthropic, api_openai, api_responses
 from pegmask.engine.engine import Engine
-from pegmask.engine.errors import APIError, as_api_error, error_body
+from pegmask.engine.errors import APIError, error_body
 from pegmask.engine.metrics import CONTENT_TYPE
 from pegmask.engine.serving import GatewayMiddleware, ServerConfig, ServerContext, route_of
-
-logger = logging.getLogger("pegmask.server")
 
 
 def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
     """The FastAPI application serving `engine`."""
     context = ServerContext(engine, config or ServerConfig())
     app = FastAPI(title="pegmask", version="0.1.0")
-
-    @app.exception_handler(Exception)
-    async def any_error(request: Request, exc: Exception) -> JSONResponse:
-        error = as_api_error(exc)
-        if error.status >= 500:
-            logger.error("request failed", exc_info=exc)
-        return _error_response(request, error)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
@@ -71,5 +62,4 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
 
 def _error_response(request: Request, error: APIError) -> JSONResponse:
     _, style = route_of(request.url.path)
-    headers = {"Retry-After": "1"} if error.status == 429 else None
-    return JSONResponse(error_body(error, style), status_code=error.status, headers=headers)
+    return JSONResponse(error_body(error, style), status_code=error.status)

@@ -1,24 +1,30 @@
 """What every API route of the server shares: reading the body, checking the model name, handing
 the request to the engine off the event loop, and waiting for it (cancelled when the client goes
-away). Plus the ASGI middleware that checks the API key and the body size and counts requests
-by API and status for /metrics.
+away), with field checks the three APIs share. Plus the ASGI middleware that checks the API key
+and the body size, answers a route's errors in its API's shape, and counts requests by API and
+status for /metrics.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
-from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+import logging
+from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
+from pegmask.dialects.history import History
 from pegmask.engine.engine import Engine, GenerationResult, GenerationStream
-from pegmask.engine.errors import APIError, ApiStyle, error_body
-from pegmask.engine.requests import GenerationRequest
+from pegmask.engine.errors import APIError, ApiStyle, as_api_error, error_body
+from pegmask.engine.requests import InvalidRequestError
+
+logger = logging.getLogger("pegmask.server")
 
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 _DISCONNECT_POLL_S = 0.25
@@ -100,12 +106,24 @@ class ServerContext:
             raise APIError(400, "the request body must be a JSON object")
         return body
 
-    async def start(self, request: GenerationRequest) -> GenerationStream:
-        """Prepare and queue `request` in a worker thread (rendering and compiling a grammar
-        never block the event loop); errors are raised here, before any response is sent."""
+    async def start(self, source: Any, options: Mapping[str, Any],
+                    fields: Mapping[str, str] | None = None) -> GenerationStream:
+        """Validate `Engine.generate`'s arguments, then prepare and queue the request in a
+        worker thread (rendering and compiling a grammar never block the event loop). Errors
+        are raised here, before any response is sent; `fields` maps the engine's option names
+        to the API's own, so that an error names the field the client sent."""
         engine = self.engine
-        submission = await run_in_threadpool(engine.submit, request)
+        with _api_fields(fields):
+            request = engine.request(source, **options)
+            submission = await run_in_threadpool(engine.submit, request)
         return GenerationStream(engine, submission, request.is_chat)
+
+    async def prompt_tokens(self, source: Any, options: Mapping[str, Any],
+                            fields: Mapping[str, str] | None = None) -> int:
+        """How many tokens the request's prompt takes (`start`'s validation, no decoding)."""
+        with _api_fields(fields):
+            request = self.engine.request(source, **options)
+            return await run_in_threadpool(self.engine.prompt_tokens, request)
 
     async def finish(self, http: Request, stream: GenerationStream) -> GenerationResult:
         """Wait for a request that is not streamed; a client that disconnects meanwhile has its
@@ -127,6 +145,22 @@ class ServerContext:
         return stream.result
 
 
+@contextlib.contextmanager
+def _api_fields(fields: Mapping[str, str] | None) -> Iterator[None]:
+    """Errors about an engine option renamed to the API field it came from."""
+    try:
+        yield
+    except InvalidRequestError as exc:
+        param = exc.param
+        name = (fields or {}).get(param) if param is not None else None
+        if param is None or name is None:
+            raise
+        message = str(exc)
+        if message.startswith(param):
+            message = name + message[len(param):]
+        raise APIError(400, message, name) from exc
+
+
 async def _drain(stream: GenerationStream) -> None:
     async for _ in stream.aevents():
         pass
@@ -139,14 +173,37 @@ def string_or_none(body: Mapping[str, Any], name: str) -> str | None:
     return value
 
 
+def boolean(body: Mapping[str, Any], name: str, default: bool = False) -> bool:
+    """A boolean field (`stream`, `store`, ...): a string such as "no" is a 400, not true."""
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise APIError(400, f"{name} must be a boolean", name)
+    return value
+
+
+def text_only(history: History, param: str) -> None:
+    """400 for content the model cannot read (images, documents, audio), which the prompt would
+    otherwise silently leave out."""
+    for message in history.messages:
+        for part in message.parts or ():
+            if part.get("type") != "text":
+                raise APIError(400, f"{part.get('type')!r} content is not supported: this "
+                                    "server's model reads text only", param)
+
+
 # --------------------------------------------------------------------------- ASGI middleware
 ASGIApp = Callable[[MutableMapping[str, Any], Callable[..., Awaitable[Any]],
                     Callable[..., Awaitable[Any]]], Awaitable[None]]
 
 
 class GatewayMiddleware:
-    """API key, body size and request counting, before any route runs (pure ASGI, so
-    streaming responses and client disconnects pass through untouched)."""
+    """API key, body size and request counting, before any route runs, and the error answer
+    of a route that raised (in its API's shape; a 500 only for the server's own faults). Pure
+    ASGI, so streaming responses and client disconnects pass through untouched; and it answers
+    errors itself, where Starlette's catch-all handler would re-raise them to the server and
+    drop the connection."""
 
     def __init__(self, app: ASGIApp, context: ServerContext):
         self.app = app
@@ -158,7 +215,7 @@ class GatewayMiddleware:
             return
         path = scope.get("path", "")
         api, style = route_of(path)
-        status = {"code": 500}
+        status: dict[str, int | None] = {"code": None}  # set when the response starts
 
         async def counting_send(message: MutableMapping[str, Any]) -> None:
             if message["type"] == "http.response.start":
@@ -167,14 +224,21 @@ class GatewayMiddleware:
 
         try:
             error = self._refuse(scope, path)
-            if error is not None:
-                await _send_error(send, error, style)
-                status["code"] = error.status
-                return
-            await self.app(scope, receive, counting_send)
+            if error is None:
+                try:
+                    await self.app(scope, receive, counting_send)
+                    return
+                except Exception as exc:
+                    if status["code"] is not None:  # the response has started: nothing to add
+                        raise
+                    error = as_api_error(exc)
+                    if error.status >= 500:
+                        logger.error("request failed", exc_info=exc)
+            await _send_error(send, error, style)
+            status["code"] = error.status
         finally:
             if path not in _OPEN_PATHS:
-                self.context.engine.metrics.http(api, status["code"])
+                self.context.engine.metrics.http(api, status["code"] or 500)
 
     def _refuse(self, scope: MutableMapping[str, Any], path: str) -> APIError | None:
         headers = {key.decode("latin-1").lower(): value.decode("latin-1")
@@ -198,7 +262,9 @@ class GatewayMiddleware:
 
 async def _send_error(send: Any, error: APIError, style: ApiStyle) -> None:
     payload = json.dumps(error_body(error, style)).encode()
-    await send({"type": "http.response.start", "status": error.status,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(payload)).encode())]})
+    headers = [(b"content-type", b"application/json"),
+               (b"content-length", str(len(payload)).encode())]
+    if error.status == 429:
+        headers.append((b"retry-after", b"1"))
+    await send({"type": "http.response.start", "status": error.status, "headers": headers})
     await send({"type": "http.response.body", "body": payload})
