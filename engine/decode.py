@@ -204,6 +204,7 @@ class TokenLogprob:
 
 
 CLOSING_MARGIN = 3  # tokens of slack before a constrained region must head for its end
+_REDRAWS = 8  # draws that may each be refused for leaving no room for the completion
 
 
 class Row:
@@ -268,7 +269,8 @@ class Row:
         if not (need and self.spec.sampling.close_on_length):
             return need
         count = self._completion_count(self.room - CLOSING_MARGIN - 1)
-        if count is None or self.room > count + CLOSING_MARGIN:
+        # count 0: the output may end here (free text), nothing to close.
+        if not count or self.room > count + CLOSING_MARGIN:
             return need
         if self.room <= count:
             self.plan = matcher.completion_tokens()
@@ -317,15 +319,31 @@ class Row:
             if not matcher.accept_token(token):
                 return None
         if masked and not self.closing and self.spec.sampling.close_on_length:
-            # A token that leaves no room for the completion is replaced by the plan's first.
-            count = self._completion_count(self.room - 1)
-            if count is not None and count > self.room - 1:
-                matcher.rollback(1)
-                plan = matcher.completion_tokens()
-                if not plan or not matcher.accept_token(plan[0]):
-                    return None
-                token = plan[0]
+            token = self._within_budget(logits, token)
+            if token is None:
+                return None
         return token, self._logprob(logits, token)
+
+    def _within_budget(self, logits: torch.Tensor, token: int) -> int | None:
+        """`token` (accepted) if the completion still fits in the tokens left after it; else
+        the plan's first token, or, where the output may end now (free text before a call
+        that would not fit), another draw without the tokens that do not fit."""
+        matcher = self.matcher
+        for _ in range(_REDRAWS):
+            count = self._completion_count(self.room - 1)
+            if count is None or count <= self.room - 1:
+                return token
+            matcher.rollback(1)
+            plan = matcher.completion_tokens()
+            if plan:
+                return plan[0] if matcher.accept_token(plan[0]) else None
+            logits[token] = float("-inf")
+            if not bool((logits > float("-inf")).any()):
+                return None
+            token = self._draw(logits)
+            if not matcher.accept_token(token):
+                return None
+        return None
 
     def _process(self, logits: torch.Tensor, masked: bool) -> None:
         sampling = self.spec.sampling
