@@ -57,12 +57,11 @@ end of the output is dropped (trusted: kept, and ``incomplete`` is set).
 from __future__ import annotations
 
 import codecs
-import importlib
 import json
 import random
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from string import Template
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -77,29 +76,8 @@ if TYPE_CHECKING:
 Message = dict[str, Any]
 Delta = dict[str, Any]
 
-# Dialect registry: name -> "module:Class" (imported on first use, so one broken dialect module
-# never breaks the others).
-_REGISTRY: dict[str, str] = {
-    "hermes": "pegmask.dialects.hermes:HermesDialect",
-    "hermes-xml": "pegmask.dialects.hermes_xml:HermesXmlDialect",
-    "dsml": "pegmask.dialects.dsml:DsmlDialect",
-    "harmony": "pegmask.dialects.harmony:HarmonyDialect",
-    "llmjp-harmony": "pegmask.dialects.llmjp_harmony:LlmJpHarmonyDialect",
-}
-
 TURN_TAG = "turn"  # wraps the whole output so every byte lies inside some capture
 _GRAMMAR_CACHE_SIZE = 64
-
-
-def get_dialect(name: str, **options: Any) -> Dialect:
-    """The dialect called `name`, configured by its options (e.g. ``version="v3.2"``)."""
-    try:
-        target = _REGISTRY[name]
-    except KeyError:
-        raise ValueError(f"unknown dialect {name!r}; known: {sorted(_REGISTRY)}") from None
-    module_name, class_name = target.split(":")
-    cls = getattr(importlib.import_module(module_name), class_name)
-    return cls(**options)
 
 
 # --------------------------------------------------------------------------- grammar text helpers
@@ -205,8 +183,14 @@ class Dialect:
     #: default reasoning mode when the request does not say: True (output starts in reasoning),
     #: False (no reasoning), None (detected from the output)
     reasoning_default: ClassVar[bool | None] = None
-    #: the `pegmask.dialects.native` renderer used when no chat template is given
+    #: the native renderer (a key of `renderers`) used when no chat template is given
     native_renderer: ClassVar[str | None] = None
+    #: the native prompt renderers this family's module provides, by name (see
+    #: `pegmask.dialects.native.render_native`)
+    renderers: ClassVar[Mapping[str, Callable[..., str]]] = {}
+    #: where an assistant turn starts in a native prompt (replayed text follows it); None: the
+    #: turn is the generated text alone
+    turn_header: ClassVar[str | None] = None
 
     def __init__(self, *, chat_template: str | None = None, reasoning: bool | None = None,
                  **options: Any):
@@ -215,6 +199,21 @@ class Dialect:
         self.chat_template = chat_template
         self.reasoning = self.reasoning_default if reasoning is None else reasoning
         self._grammars: OrderedDict[tuple, Grammar] = OrderedDict()
+
+    # ----------------------------------------------------------------- chat templates
+    @classmethod
+    def owns_template(cls, template: str, renderings: Sequence[str]) -> bool:
+        """Whether a chat template writes this family's calls. `renderings` are the template's
+        renderings of a probe conversation (`pegmask.dialects.registry.probe_renderings`: one
+        call of tool `pegmask_probe` with argument `pegmask_arg`; empty where the template
+        cannot render it). Say True only for a format this dialect parses exactly."""
+        return False
+
+    @classmethod
+    def template_options(cls, template: str) -> dict[str, Any]:
+        """Options a family's template implies (e.g. no reasoning when it never writes
+        `<think>`); `get_dialect(name, chat_template=t)` applies them."""
+        return {}
 
     # ----------------------------------------------------------------- prompt side
     def render(self, messages: Any, tools: list[dict[str, Any]] | None = None,

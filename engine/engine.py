@@ -15,7 +15,15 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pegmask.dialects import ChatRequest, Dialect, DialectStreamParser, get_dialect
+from pegmask.dialects import (
+    UNKNOWN,
+    ChatRequest,
+    Dialect,
+    DialectStreamParser,
+    detect_dialect,
+    dialect_options,
+    get_dialect,
+)
 from pegmask.engine.decode import (
     ChatOutput,
     DecodeStats,
@@ -105,6 +113,8 @@ class Engine:
         self.vocab: Vocabulary = self.backend.vocab
         self.chat_template = chat_template or self.backend.chat_template
         name = detect_dialect(self.chat_template) if dialect == "auto" else dialect
+        if name == UNKNOWN:
+            raise ValueError("cannot tell the chat dialect from the chat template: pass dialect=")
         options = dialect_options(name, self.chat_template)
         self.dialect_name = name
         self.dialect: Dialect = get_dialect(name, chat_template=self.chat_template, **options)
@@ -281,33 +291,6 @@ class Engine:
 
 
 # --------------------------------------------------------------------------- dialects
-def detect_dialect(template: str | None) -> str:
-    """The dialect a chat template writes: `chat_format=llm-jp-harmony-v1` on its first line
-    is llmjp-harmony, Harmony's `<|channel|>` is harmony, DSML is dsml, Qwen3-Coder's
-    `<function=` is hermes-xml, and ChatML or `<tool_call>` is hermes."""
-    if not template:
-        raise ValueError("the model has no chat template: pass dialect= (or chat_template=)")
-    first_line = template.lstrip().split("\n", 1)[0]
-    if "chat_format=llm-jp-harmony-v1" in first_line:
-        return "llmjp-harmony"
-    if "<|channel|>" in template:
-        return "harmony"
-    if "DSML" in template:
-        return "dsml"
-    if "<function=" in template:
-        return "hermes-xml"
-    if "<tool_call>" in template or "<|im_start|>" in template:
-        return "hermes"
-    raise ValueError("cannot tell the chat dialect from the chat template: pass dialect=")
-
-
-def dialect_options(name: str, template: str | None) -> dict[str, Any]:
-    """A Hermes-family model whose template never mentions `<think>` does not reason."""
-    if name in ("hermes", "hermes-xml") and template and "<think>" not in template:
-        return {"reasoning": False}
-    return {}
-
-
 def renders_tools(template: str | None) -> bool:
     """Whether a chat template reads the `tools` variable at all."""
     return bool(template and _TOOLS_VARIABLE.search(template))
