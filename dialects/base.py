@@ -56,8 +56,10 @@ end of the output is dropped (trusted: kept, and ``incomplete`` is set).
 
 from __future__ import annotations
 
+import ast
 import codecs
 import json
+import math
 import random
 import uuid
 from collections import OrderedDict
@@ -716,10 +718,12 @@ class DialectStreamParser:
         return kind == "json" and self._trusted
 
     def _convert(self, kind: str, key: str | None, raw: str) -> str:
-        """The JSON text of a whole parameter value, coerced to the schema's type when known.
+        """The JSON text of a whole parameter value, typed by the tool's schema when known.
 
-        `value` text loses one framing newline at each end. Text that is no JSON (Python's
-        True/False/None aside) stays a string, and so does any value of a string parameter.
+        `value` text loses one framing newline at each end. Any value of a string parameter is
+        that string. Other text is read as JSON (kept as written), else as a Python literal
+        (`{'a': 1}`, `True`, `None`: models whose prompts show Python values write them, and
+        vLLM's parsers read them so), else it stays a string.
         """
         expected = schema_type(self._property_schema(key))
         if kind == "value":
@@ -730,7 +734,7 @@ class DialectStreamParser:
         try:
             value, exact = json.loads(text), True
         except ValueError:
-            value, exact = _PYTHON_LITERALS.get(text, _INVALID), False
+            value, exact = python_literal(text), False
         if value is _INVALID or (kind == "string" and isinstance(value, str)):
             return _dumps(raw)
         if expected == "string" and not isinstance(value, str):
@@ -744,7 +748,31 @@ class DialectStreamParser:
 
 
 _INVALID = object()
-_PYTHON_LITERALS = {"True": True, "False": False, "None": None}
+_JSON_SCALARS = (str, int, float, bool, type(None))
+
+
+def python_literal(text: str) -> Any:
+    """The JSON value a Python literal spells (tuples read as arrays), or `_INVALID` when the
+    text is no literal of JSON's kinds (sets, bytes, complex and non-finite numbers are not)."""
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return _INVALID
+    return _as_json(value)
+
+
+def _as_json(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return _INVALID
+    if isinstance(value, _JSON_SCALARS):
+        return value
+    if isinstance(value, (list, tuple)):
+        items = [_as_json(item) for item in value]
+        return _INVALID if any(item is _INVALID for item in items) else items
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        members = {k: _as_json(v) for k, v in value.items()}
+        return _INVALID if any(v is _INVALID for v in members.values()) else members
+    return _INVALID
 
 
 def _dumps(value: Any) -> str:
