@@ -185,6 +185,8 @@ class Dialect:
     #: default reasoning mode when the request does not say: True (output starts in reasoning),
     #: False (no reasoning), None (detected from the output)
     reasoning_default: ClassVar[bool | None] = None
+    #: whether the family reasons at all (False: no reasoning, whatever the request says)
+    reasons: ClassVar[bool] = True
     #: the native renderer (a key of `renderers`) used when no chat template is given
     native_renderer: ClassVar[str | None] = None
     #: the native prompt renderers this family's module provides, by name (see
@@ -242,6 +244,8 @@ class Dialect:
 
     def reasoning_mode(self, request: ChatRequest | None) -> bool | None:
         """Reasoning on / off / detected, from the request, else the dialect's option."""
+        if not self.reasons:
+            return False
         if request is None:
             return self.reasoning
         return request.reasoning_enabled(self.reasoning)
@@ -322,6 +326,11 @@ class TurnDialect(Dialect):
     peg_file: ClassVar[str] = ""
     #: whether a call region may end reasoning without `think_close` (when parsing)
     implicit_reasoning_end: ClassVar[bool] = True
+    #: whether a turn is an answer or calls, never both (Llama 3's JSON calls: a call is the
+    #: whole turn, and an answer cannot start like one)
+    calls_alone: ClassVar[bool] = False
+    #: the rule a free-text answer is made of under the strict grammar
+    answer_rule: ClassVar[str] = "text"
     #: framing whitespace: bounded when decoding is constrained, so a sampler cannot loop on it
     STRICT_WS: ClassVar[str] = "[ \\t\\r\\n]{0,4}"
     PRELUDE: ClassVar[str] = (
@@ -434,7 +443,8 @@ class TurnDialect(Dialect):
         schema = request.response_grammar if strict else None
         if strict:
             end = "think_close ws body"
-            answer = "@content:json(response) ws" if schema is not None else "@content:text ws"
+            text = f"@content:{self.answer_rule} ws"
+            answer = "@content:json(response) ws" if schema is not None else text
             calls = "calls_one ws" if request.max_calls == 1 else "calls_many ws"
             if request.min_calls:
                 body = f"{calls} eos?"
@@ -442,12 +452,17 @@ class TurnDialect(Dialect):
                 body = f"{answer} eos?" if request.max_calls == 0 else f"({answer} | {calls}) eos?"
             elif request.max_calls == 0:
                 body = f"({answer})? eos?"
+            elif self.calls_alone:
+                body = f"({calls} | {answer})? eos?"
             else:
                 body = f"({answer})? ({calls})? eos?"
         else:
             implicit = " | region ws body" if self.implicit_reasoning_end else ""
             end = f"(think_close ws body{implicit} | eos)?"
-            body = "(@content:text ws)? (region ws (@content:text ws)?)* eos?"
+            if self.calls_alone:  # calls first: a whole turn that parses as calls is calls
+                body = "(region ws | @content:text ws)? eos?"
+            else:
+                body = "(@content:text ws)? (region ws (@content:text ws)?)* eos?"
         opened = f"ws (@reasoning:thought ws)? {end}"
         root = {
             True: f"think_open? {opened}",

@@ -1,0 +1,128 @@
+"""Every model family against its real chat template and vocabulary: detection, template
+renderings read back (whole, chunked, token by token under the strict grammar), per-request
+grammars (tool_choice, parallel calls, reasoning) and sampling under the token mask.
+
+Family-specific cases (pitfalls, lenient forms) are in test_family_examples.py."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+import pytest
+from families import (
+    SHAPE_CALLS,
+    Call,
+    Family,
+    compiler,
+    deepseek,
+    llama3,
+    qwen_with,
+    rendered_turn,
+    request_for,
+    summary,
+    turns,
+)
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+from test_dialect_base import (
+    TOOL_CHOICES,
+    TOOLS,
+    assert_request_grammar,
+    assert_sampling_obeys,
+    assert_stream_matches,
+)
+
+from pegmask.dialects import ChatRequest, detect_dialect, get_dialect
+
+
+def dumps(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+# --------------------------------------------------------------------------- the families
+def llama3_calls(calls: Sequence[Call]) -> str:
+    return "; ".join(f'{{"name": "{name}", "parameters": {dumps(args)}}}' for name, args in calls)
+
+
+FAMILIES: dict[str, Family] = {
+    "llama3": Family(
+        "llama3", "meta-llama-Llama-3.2-3B-Instruct.jinja", llama3, "<|eot_id|>", llama3_calls,
+        ends=("", "<|eot_id|>", "<|eom_id|>"), parallel=False, content_with_calls=False,
+        template_kwargs={"date_string": "26 Jul 2024"}),
+}
+ROUND_TRIPS = settings(max_examples=12, deadline=None, phases=[Phase.explicit, Phase.generate],
+                       suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+def family_dialect(family: Family):
+    template = family.template_text
+    return get_dialect(detect_dialect(template), chat_template=template, **family.options)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_the_template_is_detected(name: str) -> None:
+    assert detect_dialect(FAMILIES[name].template_text) == FAMILIES[name].dialect
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+@ROUND_TRIPS
+@given(data=st.data())
+def test_template_turns_read_back(name: str, data: st.DataObject) -> None:
+    """The template's rendering of a random turn parses to its calls, content and reasoning,
+    whole and in chunks, and is accepted token by token by the request's strict grammar."""
+    family = FAMILIES[name]
+    tools, message, calls, content, reasoning = data.draw(turns(family))
+    output = rendered_turn(family, tools, message)
+    request = request_for(tools, family)
+    dialect = family_dialect(family)
+    expected = (calls, content, reasoning)
+    assert summary(dialect.parse(output, request)) == expected, output
+    cuts = data.draw(st.lists(st.integers(0, len(output)), max_size=8))
+    assert_stream_matches(dialect, output, cuts, request)
+
+    vocab, encode = family.vocab()
+    ids = encode(output)
+    matcher = compiler(vocab).compile(dialect.grammar(request)).matcher()
+    for position, token in enumerate(ids):
+        assert matcher.accept_token(token), (output, vocab.token_bytes[token], position)
+    assert matcher.is_terminated() or matcher.is_accepting(), output
+    assert summary(dialect.parse(ids, request, vocab, trusted=True)) == expected
+
+
+@pytest.mark.parametrize(("name", "reasoning"), [
+    (name, reasoning) for name, family in FAMILIES.items()
+    for reasoning in ((True, False) if family.thought else (False,))])
+@pytest.mark.parametrize("parallel", [True, False])
+@pytest.mark.parametrize("choice", range(len(TOOL_CHOICES)))
+def test_request_grammar_accepts_exactly_what_the_request_allows(name: str, reasoning: bool,
+                                                                   parallel: bool,
+                                                                   choice: int) -> None:
+    family = FAMILIES[name]
+    request = ChatRequest(tools=TOOLS, tool_choice=TOOL_CHOICES[choice],
+                          parallel_tool_calls=parallel,
+                          chat_template_kwargs={"enable_thinking": reasoning})
+    dialect = get_dialect(family.dialect, **family.options)
+    assert_request_grammar(dialect, request, reasoning,
+                           lambda parts: family.render(parts, SHAPE_CALLS), family.thought,
+                           family.ends)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize(("choice", "parallel"), [(0, True), (1, False), (3, True)])
+def test_sampling_under_the_mask_yields_valid_calls(name: str, choice: int,
+                                                    parallel: bool) -> None:
+    family = FAMILIES[name]
+    vocab, _ = family.vocab()
+    request = ChatRequest(tools=TOOLS, tool_choice=TOOL_CHOICES[choice],
+                          parallel_tool_calls=parallel,
+                          chat_template_kwargs={"enable_thinking": False})
+    assert_sampling_obeys(get_dialect(family.dialect, **family.options), request, vocab,
+                          budget=200)
+
+
+def test_qwen_stand_in_has_the_family_specials() -> None:
+    vocab, encode = qwen_with(("<a>", "</a>"), ("</a>",))
+    assert encode("x<a>y</a>")[1] == vocab.special_ids["<a>"] == 151643
+    assert vocab.special_ids["</a>"] in vocab.eos_ids
+    assert deepseek()[0].special_ids["<｜tool▁calls▁begin｜>"] > 0
