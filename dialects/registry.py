@@ -29,6 +29,7 @@ _REGISTRY: dict[str, str] = {
     "llmjp-harmony": "pegmask.dialects.llmjp_harmony:LlmJpHarmonyDialect",
     "harmony": "pegmask.dialects.harmony:HarmonyDialect",
     "dsml": "pegmask.dialects.dsml:DsmlDialect",
+    "mistral": "pegmask.dialects.mistral:MistralDialect",
     "llama3": "pegmask.dialects.llama3:Llama3Dialect",
     "hermes-xml": "pegmask.dialects.hermes_xml:HermesXmlDialect",
     "hermes": "pegmask.dialects.hermes:HermesDialect",

@@ -125,7 +125,10 @@ class Family:
     content_with_calls: bool = True  # the template writes content beside calls
     reasoning: bool = False  # the template writes reasoning_content back
     json_values: bool = True  # argument values of any JSON type (else strings and integers)
-    call_id: Callable[[int], str] = lambda i: f"call{i:05d}"
+    call_id: Callable[[int], str] = lambda i: f"call{i:05d}"  # nine alphanumerics (Mistral)
+    # how the template wants the turn's reasoning (default: the reasoning_content field)
+    with_reasoning: Callable[[dict[str, Any], str], dict[str, Any]] | None = None
+    system: bool = True  # the prompt has a system message (Nemo's moves to the last user turn)
 
     @property
     def template_text(self) -> str:
@@ -194,7 +197,9 @@ def turns(draw: Any, family: Family) -> tuple[list[dict], dict[str, Any], list[C
         {"id": family.call_id(i), "type": "function",
          "function": {"name": name, "arguments": arguments}}
         for i, (name, arguments) in enumerate(calls)]}
-    if reasoning:
+    if reasoning and family.with_reasoning is not None:
+        message = family.with_reasoning(message, reasoning)
+    elif reasoning:
         message["reasoning_content"] = reasoning
     return [tool_of(name, arguments) for name, arguments in calls], message, calls, content, \
         reasoning
@@ -208,9 +213,10 @@ def rendered_turn(family: Family, tools: list[dict], message: dict[str, Any]) ->
     """The assistant turn as the template writes it: the full rendering after the generation
     prompt, cut after the end-of-turn token."""
     template = family.template_text
-    prompt = render_chat_template(template, PROMPT, tools=tools, add_generation_prompt=True,
+    history = PROMPT if family.system else PROMPT[1:]
+    prompt = render_chat_template(template, history, tools=tools, add_generation_prompt=True,
                                   **family.template_kwargs)
-    full = render_chat_template(template, [*PROMPT, message], tools=tools,
+    full = render_chat_template(template, [*history, message], tools=tools,
                                 add_generation_prompt=False, **family.template_kwargs)
     assert full.startswith(prompt), (prompt, full)
     turn = full[len(prompt):]

@@ -6,6 +6,7 @@ Family-specific cases (pitfalls, lenient forms) are in test_family_examples.py."
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 
@@ -45,11 +46,44 @@ def llama3_calls(calls: Sequence[Call]) -> str:
     return "; ".join(f'{{"name": "{name}", "parameters": {dumps(args)}}}' for name, args in calls)
 
 
+def mistral_calls(calls: Sequence[Call]) -> str:
+    return "".join(f"[TOOL_CALLS]{name}[ARGS]{dumps(args)}" for name, args in calls)
+
+
+def mistral_v3_calls(calls: Sequence[Call]) -> str:
+    objects = ", ".join(dumps({"name": name, "arguments": args}) for name, args in calls)
+    return f"[TOOL_CALLS][{objects}]"
+
+
+def thinking_blocks(message: dict, reasoning: str) -> dict:
+    """Ministral 3's template reads reasoning from a thinking block of the content."""
+    blocks = [{"type": "thinking", "thinking": reasoning}]
+    if message["content"]:
+        blocks.append({"type": "text", "text": message["content"]})
+    return {**message, "content": blocks}
+
+
+MISTRAL_VOCAB = functools.partial(qwen_with, ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "[THINK]",
+                                              "[/THINK]", "</s>", "[INST]", "[/INST]"), ("</s>",))
+MISTRAL_KWARGS = {"bos_token": "<s>", "eos_token": "</s>"}
+
 FAMILIES: dict[str, Family] = {
     "llama3": Family(
         "llama3", "meta-llama-Llama-3.2-3B-Instruct.jinja", llama3, "<|eot_id|>", llama3_calls,
         ends=("", "<|eot_id|>", "<|eom_id|>"), parallel=False, content_with_calls=False,
         template_kwargs={"date_string": "26 Jul 2024"}),
+    "mistral-nemo": Family(
+        "mistral", "mistralai-Mistral-Nemo-Instruct-2407.jinja", MISTRAL_VOCAB, "</s>",
+        mistral_v3_calls, ends=("", "</s>"), options={"version": "v3"},
+        template_kwargs=MISTRAL_KWARGS, content_with_calls=False, system=False),
+    "mistral-small-3.2": Family(
+        "mistral", "Mistral-Small-3.2-24B-Instruct-2506.jinja", MISTRAL_VOCAB, "</s>",
+        mistral_calls, ends=("", "</s>"), template_kwargs=MISTRAL_KWARGS,
+        content_with_calls=False),
+    "ministral-3-reasoning": Family(
+        "mistral", "mistralai-Ministral-3-14B-Reasoning-2512.jinja", MISTRAL_VOCAB, "</s>",
+        mistral_calls, thought="[THINK]Hmm.[/THINK]", ends=("", "</s>"),
+        template_kwargs=MISTRAL_KWARGS, reasoning=True, with_reasoning=thinking_blocks),
 }
 ROUND_TRIPS = settings(max_examples=12, deadline=None, phases=[Phase.explicit, Phase.generate],
                        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -102,7 +136,8 @@ def test_request_grammar_accepts_exactly_what_the_request_allows(name: str, reas
     request = ChatRequest(tools=TOOLS, tool_choice=TOOL_CHOICES[choice],
                           parallel_tool_calls=parallel,
                           chat_template_kwargs={"enable_thinking": reasoning})
-    dialect = get_dialect(family.dialect, **family.options)
+    options = {**family.options, "reasoning": True} if family.thought else family.options
+    dialect = get_dialect(family.dialect, **options)  # the request's flag decides
     assert_request_grammar(dialect, request, reasoning,
                            lambda parts: family.render(parts, SHAPE_CALLS), family.thought,
                            family.ends)
