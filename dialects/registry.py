@@ -29,6 +29,8 @@ _REGISTRY: dict[str, str] = {
     "llmjp-harmony": "pegmask.dialects.llmjp_harmony:LlmJpHarmonyDialect",
     "harmony": "pegmask.dialects.harmony:HarmonyDialect",
     "dsml": "pegmask.dialects.dsml:DsmlDialect",
+    "deepseek-v3.1": "pegmask.dialects.deepseek:DeepSeekV31Dialect",
+    "deepseek-r1": "pegmask.dialects.deepseek:DeepSeekR1Dialect",
     "mistral": "pegmask.dialects.mistral:MistralDialect",
     "llama3": "pegmask.dialects.llama3:Llama3Dialect",
     "hermes-xml": "pegmask.dialects.hermes_xml:HermesXmlDialect",

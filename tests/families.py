@@ -128,6 +128,10 @@ class Family:
     call_id: Callable[[int], str] = lambda i: f"call{i:05d}"  # nine alphanumerics (Mistral)
     # how the template wants the turn's reasoning (default: the reasoning_content field)
     with_reasoning: Callable[[dict[str, Any], str], dict[str, Any]] | None = None
+    string_arguments: bool = False  # the template wants arguments as JSON text
+    # where the turn starts in the rendering, for templates whose generation prompt differs from
+    # how they write the turn's start (R1's prompt ends "<think>\n", its history never does)
+    turn_start: str | None = None
     system: bool = True  # the prompt has a system message (Nemo's moves to the last user turn)
 
     @property
@@ -195,7 +199,9 @@ def turns(draw: Any, family: Family) -> tuple[list[dict], dict[str, Any], list[C
     reasoning = draw(TEXTS) if family.reasoning else ""
     message: dict[str, Any] = {"role": "assistant", "content": content, "tool_calls": [
         {"id": family.call_id(i), "type": "function",
-         "function": {"name": name, "arguments": arguments}}
+         "function": {"name": name,
+                      "arguments": json.dumps(arguments, ensure_ascii=False)
+                      if family.string_arguments else arguments}}
         for i, (name, arguments) in enumerate(calls)]}
     if reasoning and family.with_reasoning is not None:
         message = family.with_reasoning(message, reasoning)
@@ -218,8 +224,14 @@ def rendered_turn(family: Family, tools: list[dict], message: dict[str, Any]) ->
                                   **family.template_kwargs)
     full = render_chat_template(template, [*history, message], tools=tools,
                                 add_generation_prompt=False, **family.template_kwargs)
-    assert full.startswith(prompt), (prompt, full)
-    turn = full[len(prompt):]
+    if family.turn_start is not None:  # the first turn start after the history
+        before = render_chat_template(template, history, tools=tools,
+                                      add_generation_prompt=False, **family.template_kwargs)
+        assert full.startswith(before), (before, full)
+        turn = full[full.index(family.turn_start, len(before)) + len(family.turn_start):]
+    else:
+        assert full.startswith(prompt), (prompt, full)
+        turn = full[len(prompt):]
     end = turn.find(family.end)
     return turn[:end + len(family.end)] if end >= 0 else turn
 

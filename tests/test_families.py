@@ -63,6 +63,20 @@ def thinking_blocks(message: dict, reasoning: str) -> dict:
     return {**message, "content": blocks}
 
 
+def deepseek_calls(calls: Sequence[Call]) -> str:
+    body = "".join(f"<｜tool▁call▁begin｜>{name}<｜tool▁sep｜>{dumps(args)}<｜tool▁call▁end｜>"
+                   for name, args in calls)
+    return f"<｜tool▁calls▁begin｜>{body}<｜tool▁calls▁end｜>"
+
+
+def deepseek_r1_calls(calls: Sequence[Call]) -> str:
+    body = "\n".join(f"<｜tool▁call▁begin｜>function<｜tool▁sep｜>{name}\n```json\n{dumps(args)}"
+                     "\n```<｜tool▁call▁end｜>" for name, args in calls)
+    return f"<｜tool▁calls▁begin｜>{body}<｜tool▁calls▁end｜>"
+
+
+DEEPSEEK_EOS = "<｜end▁of▁sentence｜>"
+DEEPSEEK_KWARGS = {"bos_token": "<｜begin▁of▁sentence｜>", "eos_token": DEEPSEEK_EOS}
 MISTRAL_VOCAB = functools.partial(qwen_with, ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "[THINK]",
                                               "[/THINK]", "</s>", "[INST]", "[/INST]"), ("</s>",))
 MISTRAL_KWARGS = {"bos_token": "<s>", "eos_token": "</s>"}
@@ -84,6 +98,15 @@ FAMILIES: dict[str, Family] = {
         "mistral", "mistralai-Ministral-3-14B-Reasoning-2512.jinja", MISTRAL_VOCAB, "</s>",
         mistral_calls, thought="[THINK]Hmm.[/THINK]", ends=("", "</s>"),
         template_kwargs=MISTRAL_KWARGS, reasoning=True, with_reasoning=thinking_blocks),
+    "deepseek-v3.1": Family(
+        "deepseek-v3.1", "deepseek-ai-DeepSeek-V3.1.jinja", deepseek, DEEPSEEK_EOS,
+        deepseek_calls, thought="Hmm.</think>", ends=("", DEEPSEEK_EOS),
+        template_kwargs=DEEPSEEK_KWARGS, string_arguments=True),
+    "deepseek-r1": Family(
+        "deepseek-r1", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", deepseek, DEEPSEEK_EOS,
+        deepseek_r1_calls, thought="Hmm.\n</think>\n\n", ends=("", DEEPSEEK_EOS),
+        template_kwargs=DEEPSEEK_KWARGS, string_arguments=True, content_with_calls=False,
+        turn_start="<｜Assistant｜>"),
 }
 ROUND_TRIPS = settings(max_examples=12, deadline=None, phases=[Phase.explicit, Phase.generate],
                        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
