@@ -29,6 +29,7 @@ _REGISTRY: dict[str, str] = {
     "llmjp-harmony": "pegmask.dialects.llmjp_harmony:LlmJpHarmonyDialect",
     "harmony": "pegmask.dialects.harmony:HarmonyDialect",
     "dsml": "pegmask.dialects.dsml:DsmlDialect",
+    "kimi": "pegmask.dialects.kimi:KimiDialect",
     "deepseek-v3.1": "pegmask.dialects.deepseek:DeepSeekV31Dialect",
     "deepseek-r1": "pegmask.dialects.deepseek:DeepSeekR1Dialect",
     "mistral": "pegmask.dialects.mistral:MistralDialect",

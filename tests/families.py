@@ -125,7 +125,8 @@ class Family:
     content_with_calls: bool = True  # the template writes content beside calls
     reasoning: bool = False  # the template writes reasoning_content back
     json_values: bool = True  # argument values of any JSON type (else strings and integers)
-    call_id: Callable[[int], str] = lambda i: f"call{i:05d}"  # nine alphanumerics (Mistral)
+    # a call's id from its index and name (default: nine alphanumerics, as Mistral wants)
+    call_id: Callable[[int, str], str] = lambda i, name: f"call{i:05d}"
     # how the template wants the turn's reasoning (default: the reasoning_content field)
     with_reasoning: Callable[[dict[str, Any], str], dict[str, Any]] | None = None
     string_arguments: bool = False  # the template wants arguments as JSON text
@@ -198,7 +199,7 @@ def turns(draw: Any, family: Family) -> tuple[list[dict], dict[str, Any], list[C
     content = draw(TEXTS) if family.content_with_calls and draw(st.booleans()) else ""
     reasoning = draw(TEXTS) if family.reasoning else ""
     message: dict[str, Any] = {"role": "assistant", "content": content, "tool_calls": [
-        {"id": family.call_id(i), "type": "function",
+        {"id": family.call_id(i, name), "type": "function",
          "function": {"name": name,
                       "arguments": json.dumps(arguments, ensure_ascii=False)
                       if family.string_arguments else arguments}}

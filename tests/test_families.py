@@ -75,6 +75,16 @@ def deepseek_r1_calls(calls: Sequence[Call]) -> str:
     return f"<｜tool▁calls▁begin｜>{body}<｜tool▁calls▁end｜>"
 
 
+def kimi_calls(calls: Sequence[Call]) -> str:
+    body = "".join(f"<|tool_call_begin|>functions.{name}:{i}<|tool_call_argument_begin|>"
+                   f"{dumps(args)}<|tool_call_end|>" for i, (name, args) in enumerate(calls))
+    return f"<|tool_calls_section_begin|>{body}<|tool_calls_section_end|>"
+
+
+KIMI_VOCAB = functools.partial(qwen_with, (
+    "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
+    "<|tool_call_argument_begin|>", "<|tool_call_end|>", "<|im_end|>", "<think>", "</think>",
+    "<|im_user|>", "<|im_assistant|>", "<|im_system|>", "<|im_middle|>"), ("<|im_end|>",))
 DEEPSEEK_EOS = "<｜end▁of▁sentence｜>"
 DEEPSEEK_KWARGS = {"bos_token": "<｜begin▁of▁sentence｜>", "eos_token": DEEPSEEK_EOS}
 MISTRAL_VOCAB = functools.partial(qwen_with, ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "[THINK]",
@@ -107,6 +117,10 @@ FAMILIES: dict[str, Family] = {
         deepseek_r1_calls, thought="Hmm.\n</think>\n\n", ends=("", DEEPSEEK_EOS),
         template_kwargs=DEEPSEEK_KWARGS, string_arguments=True, content_with_calls=False,
         turn_start="<｜Assistant｜>"),
+    "kimi-k2-thinking": Family(
+        "kimi", "moonshotai-Kimi-K2-Thinking.jinja", KIMI_VOCAB, "<|im_end|>", kimi_calls,
+        thought="Hmm.</think>", ends=("", "<|im_end|>"), reasoning=True,
+        call_id=lambda i, name: f"functions.{name}:{i}"),
 }
 ROUND_TRIPS = settings(max_examples=12, deadline=None, phases=[Phase.explicit, Phase.generate],
                        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
