@@ -464,10 +464,10 @@ class TurnDialect(Dialect):
             else:
                 body = "(@content:text ws)? (region ws (@content:text ws)?)* eos?"
         opened = f"ws (@reasoning:thought ws)? {end}"
-        root = {
-            True: f"think_open? {opened}",
+        root = {  # GLM 4.5 writes a newline before <think>
+            True: f"(ws think_open)? {opened}",
             False: "ws body",
-            None: f"think_open {opened} | (ws (@reasoning:text ws)? think_close)? ws body",
+            None: f"ws think_open {opened} | (ws (@reasoning:text ws)? think_close)? ws body",
         }[reasoning]
         return f"root = {root}\nbody = {body}\n", schema
 

@@ -30,6 +30,8 @@ _REGISTRY: dict[str, str] = {
     "harmony": "pegmask.dialects.harmony:HarmonyDialect",
     "dsml": "pegmask.dialects.dsml:DsmlDialect",
     "kimi": "pegmask.dialects.kimi:KimiDialect",
+    "glm": "pegmask.dialects.glm:GlmDialect",
+    "minimax": "pegmask.dialects.minimax:MiniMaxDialect",
     "deepseek-v3.1": "pegmask.dialects.deepseek:DeepSeekV31Dialect",
     "deepseek-r1": "pegmask.dialects.deepseek:DeepSeekR1Dialect",
     "mistral": "pegmask.dialects.mistral:MistralDialect",
@@ -126,3 +128,16 @@ def probe_renderings(template: str) -> tuple[str, ...]:
         except Exception:  # noqa: BLE001 - a template may fail in any way on one shape
             continue
     return tuple(out)
+
+
+@functools.lru_cache(maxsize=32)
+def generation_prompt(template: str) -> str:
+    """What the template writes for one user message and the generation prompt ("" if it
+    cannot): whether the model's turn starts inside reasoning, say."""
+    from pegmask.dialects.templating import render_chat_template
+
+    try:
+        return render_chat_template(template, [{"role": "user", "content": "Question?"}],
+                                    add_generation_prompt=True, bos_token="", eos_token="")
+    except Exception:  # noqa: BLE001 - a template may fail in any way
+        return ""

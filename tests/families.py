@@ -233,7 +233,7 @@ def rendered_turn(family: Family, tools: list[dict], message: dict[str, Any]) ->
     else:
         assert full.startswith(prompt), (prompt, full)
         turn = full[len(prompt):]
-    end = turn.find(family.end)
+    end = turn.find(family.end) if family.end else -1
     return turn[:end + len(family.end)] if end >= 0 else turn
 
 

@@ -85,6 +85,32 @@ KIMI_VOCAB = functools.partial(qwen_with, (
     "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
     "<|tool_call_argument_begin|>", "<|tool_call_end|>", "<|im_end|>", "<think>", "</think>",
     "<|im_user|>", "<|im_assistant|>", "<|im_system|>", "<|im_middle|>"), ("<|im_end|>",))
+def glm_calls(calls: Sequence[Call]) -> str:
+    def value(v: object) -> str:
+        return v if isinstance(v, str) else dumps(v)
+
+    return "".join(f"<tool_call>{name}" + "".join(
+        f"<arg_key>{k}</arg_key><arg_value>{value(v)}</arg_value>" for k, v in args.items())
+        + "</tool_call>" for name, args in calls)
+
+
+def minimax_calls(calls: Sequence[Call]) -> str:
+    def value(v: object) -> str:
+        return v if isinstance(v, str) else dumps(v)
+
+    invokes = "".join(f'<invoke name="{name}">\n' + "".join(
+        f'<parameter name="{k}">{value(v)}</parameter>\n' for k, v in args.items())
+        + "</invoke>\n" for name, args in calls)
+    return f"<minimax:tool_call>\n{invokes}</minimax:tool_call>"
+
+
+MINIMAX_VOCAB = functools.partial(qwen_with, (
+    "<minimax:tool_call>", "</minimax:tool_call>", "<think>", "</think>", "[e~[", "]~b]",
+    "]~!b["), ("[e~[",))
+GLM_VOCAB = functools.partial(qwen_with, (
+    "<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>",
+    "<think>", "</think>", "<|assistant|>", "<|user|>", "<|observation|>", "<|system|>",
+    "<|endoftext|>", "[gMASK]", "<sop>"), ("<|user|>", "<|observation|>"))
 DEEPSEEK_EOS = "<｜end▁of▁sentence｜>"
 DEEPSEEK_KWARGS = {"bos_token": "<｜begin▁of▁sentence｜>", "eos_token": DEEPSEEK_EOS}
 MISTRAL_VOCAB = functools.partial(qwen_with, ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "[THINK]",
@@ -121,6 +147,18 @@ FAMILIES: dict[str, Family] = {
         "kimi", "moonshotai-Kimi-K2-Thinking.jinja", KIMI_VOCAB, "<|im_end|>", kimi_calls,
         thought="Hmm.</think>", ends=("", "<|im_end|>"), reasoning=True,
         call_id=lambda i, name: f"functions.{name}:{i}"),
+    "glm-4.5": Family(
+        "glm", "glm_4_5.jinja", GLM_VOCAB, "", glm_calls, thought="Hmm.</think>",
+        ends=("", "<|user|>", "<|observation|>"), reasoning=True),
+    "glm-4.6": Family(
+        "glm", "GLM-4.6.jinja", GLM_VOCAB, "", glm_calls, thought="Hmm.</think>",
+        ends=("", "<|user|>", "<|observation|>"), reasoning=True),
+    "glm-4.7": Family(
+        "glm", "GLM-4.7-Flash.jinja", GLM_VOCAB, "", glm_calls, thought="Hmm.</think>",
+        ends=("", "<|user|>", "<|observation|>"), reasoning=True),
+    "minimax-m2": Family(
+        "minimax", "MiniMax-M2.jinja", MINIMAX_VOCAB, "[e~[", minimax_calls,
+        thought="Hmm.\n</think>\n\n", ends=("", "[e~["), reasoning=True),
 }
 ROUND_TRIPS = settings(max_examples=12, deadline=None, phases=[Phase.explicit, Phase.generate],
                        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
