@@ -32,6 +32,7 @@ _REGISTRY: dict[str, str] = {
     "kimi": "pegmask.dialects.kimi:KimiDialect",
     "glm": "pegmask.dialects.glm:GlmDialect",
     "minimax": "pegmask.dialects.minimax:MiniMaxDialect",
+    "cohere": "pegmask.dialects.cohere:CohereDialect",
     "deepseek-v3.1": "pegmask.dialects.deepseek:DeepSeekV31Dialect",
     "deepseek-r1": "pegmask.dialects.deepseek:DeepSeekR1Dialect",
     "mistral": "pegmask.dialects.mistral:MistralDialect",
