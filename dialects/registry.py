@@ -33,6 +33,7 @@ _REGISTRY: dict[str, str] = {
     "glm": "pegmask.dialects.glm:GlmDialect",
     "minimax": "pegmask.dialects.minimax:MiniMaxDialect",
     "cohere": "pegmask.dialects.cohere:CohereDialect",
+    "nemotron": "pegmask.dialects.nemotron:NemotronDialect",
     "deepseek-v3.1": "pegmask.dialects.deepseek:DeepSeekV31Dialect",
     "deepseek-r1": "pegmask.dialects.deepseek:DeepSeekR1Dialect",
     "mistral": "pegmask.dialects.mistral:MistralDialect",

@@ -115,6 +115,11 @@ def cohere_calls(calls: Sequence[Call]) -> str:
     return f"<|START_ACTION|>[\n{objects}\n]<|END_ACTION|>"
 
 
+def nemotron_calls(calls: Sequence[Call]) -> str:
+    objects = ", ".join(dumps({"name": name, "arguments": args}) for name, args in calls)
+    return f"<TOOLCALL>[{objects}]</TOOLCALL>"
+
+
 COHERE_VOCAB = functools.partial(qwen_with, (
     "<|START_THINKING|>", "<|END_THINKING|>", "<|START_ACTION|>", "<|END_ACTION|>",
     "<|END_OF_TURN_TOKEN|>", "<|START_OF_TURN_TOKEN|>", "<|CHATBOT_TOKEN|>", "<|USER_TOKEN|>",
@@ -176,6 +181,9 @@ FAMILIES: dict[str, Family] = {
         "cohere", "Cohere2MoE.jinja", COHERE_VOCAB, "<|END_OF_TURN_TOKEN|>", cohere_calls,
         thought="Hmm.<|END_THINKING|>", ends=("", "<|END_OF_TURN_TOKEN|>"), reasoning=True,
         content_with_calls=False),
+    "nemotron-super-v1.5": Family(
+        "nemotron", "nvidia-Llama-3_3-Nemotron-Super-49B-v1_5.jinja", llama3, "<|eot_id|>",
+        nemotron_calls, thought="<think>\nHmm.\n</think>\n\n", ends=("", "<|eot_id|>")),
 }
 # What detect_dialect says of every template in data/templates: a family's own, or "unknown"
 # (never a guess: GLM-4.6, Seed-OSS and Apriel once passed for Hermes).
@@ -212,7 +220,7 @@ TEMPLATE_DIALECTS = {
     "mistralai-Ministral-3-14B-Reasoning-2512.jinja": "mistral",
     "mistralai-Mistral-Nemo-Instruct-2407.jinja": "mistral",
     "moonshotai-Kimi-K2-Thinking.jinja": "kimi",
-    "nvidia-Llama-3_3-Nemotron-Super-49B-v1_5.jinja": "unknown",
+    "nvidia-Llama-3_3-Nemotron-Super-49B-v1_5.jinja": "nemotron",
     "openai-gpt-oss-120b.jinja": "harmony",
     "tencent-Hy3.jinja": "unknown",
     "unsloth-Apriel-1.5.jinja": "unknown",
