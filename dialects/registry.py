@@ -34,6 +34,7 @@ _REGISTRY: dict[str, str] = {
     "minimax": "pegmask.dialects.minimax:MiniMaxDialect",
     "cohere": "pegmask.dialects.cohere:CohereDialect",
     "nemotron": "pegmask.dialects.nemotron:NemotronDialect",
+    "seed-oss": "pegmask.dialects.seed_oss:SeedOssDialect",
     "deepseek-v3.1": "pegmask.dialects.deepseek:DeepSeekV31Dialect",
     "deepseek-r1": "pegmask.dialects.deepseek:DeepSeekR1Dialect",
     "mistral": "pegmask.dialects.mistral:MistralDialect",

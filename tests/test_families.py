@@ -120,6 +120,19 @@ def nemotron_calls(calls: Sequence[Call]) -> str:
     return f"<TOOLCALL>[{objects}]</TOOLCALL>"
 
 
+def seed_calls(calls: Sequence[Call]) -> str:
+    def value(v: object) -> str:
+        return v if isinstance(v, str) else dumps(v)
+
+    return "\n".join(f"<seed:tool_call>\n<function={name}>\n" + "".join(
+        f"<parameter={k}>{value(v)}</parameter>\n" for k, v in args.items())
+        + "</function>\n</seed:tool_call>" for name, args in calls)
+
+
+SEED_VOCAB = functools.partial(qwen_with, (
+    "<seed:bos>", "<seed:eos>", "<seed:think>", "</seed:think>", "<seed:tool_call>",
+    "</seed:tool_call>", "<seed:cot_budget_reflect>", "</seed:cot_budget_reflect>"),
+    ("<seed:eos>",))
 COHERE_VOCAB = functools.partial(qwen_with, (
     "<|START_THINKING|>", "<|END_THINKING|>", "<|START_ACTION|>", "<|END_ACTION|>",
     "<|END_OF_TURN_TOKEN|>", "<|START_OF_TURN_TOKEN|>", "<|CHATBOT_TOKEN|>", "<|USER_TOKEN|>",
@@ -184,12 +197,17 @@ FAMILIES: dict[str, Family] = {
     "nemotron-super-v1.5": Family(
         "nemotron", "nvidia-Llama-3_3-Nemotron-Super-49B-v1_5.jinja", llama3, "<|eot_id|>",
         nemotron_calls, thought="<think>\nHmm.\n</think>\n\n", ends=("", "<|eot_id|>")),
+    # the template writes str(value): Python literals, read back by the example tests
+    "seed-oss": Family(
+        "seed-oss", "ByteDance-Seed-OSS.jinja", SEED_VOCAB, "<seed:eos>", seed_calls,
+        thought="<seed:think>Hmm.</seed:think>\n", ends=("", "<seed:eos>"), reasoning=True,
+        json_values=False),
 }
 # What detect_dialect says of every template in data/templates: a family's own, or "unknown"
 # (never a guess: GLM-4.6, Seed-OSS and Apriel once passed for Hermes).
 TEMPLATE_DIALECTS = {
     "Apertus-8B-Instruct.jinja": "unknown",
-    "ByteDance-Seed-OSS.jinja": "unknown",
+    "ByteDance-Seed-OSS.jinja": "seed-oss",
     "Cohere2MoE.jinja": "cohere",
     "CohereForAI-c4ai-command-r-plus-tool_use.jinja": "unknown",
     "DeepSeek-V3.2.jinja": "dsml",
