@@ -35,6 +35,7 @@ _REGISTRY: dict[str, str] = {
     "cohere": "pegmask.dialects.cohere:CohereDialect",
     "nemotron": "pegmask.dialects.nemotron:NemotronDialect",
     "seed-oss": "pegmask.dialects.seed_oss:SeedOssDialect",
+    "hunyuan": "pegmask.dialects.hunyuan:HunyuanDialect",
     "deepseek-v3.1": "pegmask.dialects.deepseek:DeepSeekV31Dialect",
     "deepseek-r1": "pegmask.dialects.deepseek:DeepSeekR1Dialect",
     "mistral": "pegmask.dialects.mistral:MistralDialect",

@@ -245,5 +245,6 @@ def summary(message: dict[str, Any]) -> tuple[list[Call], str, str]:
 
 
 def request_for(tools: list[dict], family: Family) -> ChatRequest:
-    thinking = {"enable_thinking": bool(family.reasoning)}
-    return ChatRequest(tools=tools, chat_template_kwargs=thinking)
+    """The request a server would build: the template's options, and thinking as rendered."""
+    kwargs = {"enable_thinking": bool(family.reasoning), **family.template_kwargs}
+    return ChatRequest(tools=tools, chat_template_kwargs=kwargs)

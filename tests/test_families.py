@@ -133,6 +133,24 @@ SEED_VOCAB = functools.partial(qwen_with, (
     "<seed:bos>", "<seed:eos>", "<seed:think>", "</seed:think>", "<seed:tool_call>",
     "</seed:tool_call>", "<seed:cot_budget_reflect>", "</seed:cot_budget_reflect>"),
     ("<seed:eos>",))
+def hunyuan_calls(calls: Sequence[Call]) -> str:
+    def value(v: object) -> str:
+        return v if isinstance(v, str) else dumps(v)
+
+    body = "".join(f"<tool_call:opensource>{name}<tool_sep:opensource>\n" + "".join(
+        f"<arg_key:opensource>{k}</arg_key:opensource>\n"
+        f"<arg_value:opensource>{value(v)}</arg_value:opensource>\n" for k, v in args.items())
+        + "</tool_call:opensource>\n" for name, args in calls)
+    return f"<tool_calls:opensource>\n{body}</tool_calls:opensource>"
+
+
+HUNYUAN_VOCAB = functools.partial(qwen_with, tuple(
+    f"<{tag}:opensource>" for tag in (
+        "think", "/think", "tool_calls", "/tool_calls", "tool_call", "/tool_call", "tool_sep",
+        "arg_key", "/arg_key", "arg_value", "/arg_value", "tool_responses", "/tool_responses",
+        "tool_response", "/tool_response"))
+    + tuple(f"<｜hy_{tag}:opensource｜>" for tag in (
+        "eos", "begin_of_sentence", "User", "Assistant", "pad")), ("<｜hy_eos:opensource｜>",))
 COHERE_VOCAB = functools.partial(qwen_with, (
     "<|START_THINKING|>", "<|END_THINKING|>", "<|START_ACTION|>", "<|END_ACTION|>",
     "<|END_OF_TURN_TOKEN|>", "<|START_OF_TURN_TOKEN|>", "<|CHATBOT_TOKEN|>", "<|USER_TOKEN|>",
@@ -202,6 +220,10 @@ FAMILIES: dict[str, Family] = {
         "seed-oss", "ByteDance-Seed-OSS.jinja", SEED_VOCAB, "<seed:eos>", seed_calls,
         thought="<seed:think>Hmm.</seed:think>\n", ends=("", "<seed:eos>"), reasoning=True,
         json_values=False),
+    "hunyuan-hy3": Family(
+        "hunyuan", "tencent-Hy3.jinja", HUNYUAN_VOCAB, "<｜hy_eos:opensource｜>", hunyuan_calls,
+        thought="Hmm.</think:opensource>", ends=("", "<｜hy_eos:opensource｜>"), reasoning=True,
+        template_kwargs={"reasoning_effort": "high"}),
 }
 # What detect_dialect says of every template in data/templates: a family's own, or "unknown"
 # (never a guess: GLM-4.6, Seed-OSS and Apriel once passed for Hermes).
@@ -240,7 +262,7 @@ TEMPLATE_DIALECTS = {
     "moonshotai-Kimi-K2-Thinking.jinja": "kimi",
     "nvidia-Llama-3_3-Nemotron-Super-49B-v1_5.jinja": "nemotron",
     "openai-gpt-oss-120b.jinja": "harmony",
-    "tencent-Hy3.jinja": "unknown",
+    "tencent-Hy3.jinja": "hunyuan",
     "unsloth-Apriel-1.5.jinja": "unknown",
     "vllm-tool_chat_template_deepseekr1.jinja": "deepseek-r1",
     "vllm-tool_chat_template_hermes.jinja": "hermes",
