@@ -1,7 +1,8 @@
 """The `dsml` dialect: DeepSeek V3.2 (`function_calls`) and V4 (`tool_calls`) DSML blocks with
 `string="true|false"` parameters (dsml.peg).
 
-Options: ``version`` ("v4", the default, or "v3.2") picks the block name the grammar enforces
+Options: ``version`` ("v4", the default, "v3.2", or "v4.1": `<｜DSML｜ calls>` with a space after
+｜DSML｜ in every tag, as xgrammar's deepseek_v4_1) picks the block name the grammar enforces
 and the native prompt renderer; parsing accepts both. ``reasoning`` defaults to True (the
 prompt ends with `<think>`); chat mode is ``reasoning=False`` or ``enable_thinking: false`` in
 the request. Plain string parameters are raw (`string="true"`); constrained strings and every
@@ -306,7 +307,7 @@ def render_dsml_v4(
     return "".join(out)
 
 
-_BLOCKS = {"v4": "tool_calls", "v3.2": "function_calls"}
+_BLOCKS = {"v4": "tool_calls", "v3.2": "function_calls", "v4.1": "calls"}
 
 
 class DsmlDialect(TurnDialect):
@@ -320,11 +321,15 @@ class DsmlDialect(TurnDialect):
             raise ValueError(f"dsml version must be one of {sorted(_BLOCKS)}, not {version!r}")
         super().__init__(**options)
         self.version = version
-        self.native_renderer = f"dsml-{version}"
+        # no reference encoder of V4.1 here: its prompts come from its template
+        self.native_renderer = f"dsml-{version}" if version != "v4.1" else None
 
     def substitutions(self, strict: bool) -> dict[str, str]:
         names = [_BLOCKS[self.version]] if strict else list(_BLOCKS.values())
-        return {"block": alternatives([peg_literal(name) for name in names])}
+        space = '" "' if self.version == "v4.1" else '""'
+        return {"block": alternatives([peg_literal(name) for name in names]),
+                "space": space if strict else '" "?'}
+
 
     @classmethod
     def owns_template(cls, template: str, renderings: Sequence[str]) -> bool:
@@ -333,5 +338,8 @@ class DsmlDialect(TurnDialect):
 
     @classmethod
     def template_options(cls, template: str) -> dict[str, Any]:
-        """V3.2's templates write `function_calls` blocks, V4's `tool_calls`."""
-        return {"version": "v3.2" if "function_calls" in template else "v4"}
+        """V3.2's templates write `function_calls` blocks, V4's `tool_calls`, V4.1's `calls`
+        after a space."""
+        if "function_calls" in template:
+            return {"version": "v3.2"}
+        return {"version": "v4.1" if "｜DSML｜ " in template else "v4"}

@@ -47,8 +47,6 @@ class MistralDialect(TurnDialect):
         return {"calls_one": one, "calls_many": many,
                 "tools_v3": "tool" if strict else "any_tool_v3"}
 
-    def grammar_key(self, request: Any, strict: bool) -> tuple:
-        return (self.version, *super().grammar_key(request, strict))
 
     @classmethod
     def owns_template(cls, template: str, renderings: Sequence[str]) -> bool:

@@ -54,6 +54,11 @@ EXAMPLES = {
         message(None, None, [WEATHER, TIME])),
     "deepseek-v3.1 thinking": (
         "deepseek-v3.1", {}, "Hmm.</think>Hello.<｜end▁of▁sentence｜>", message("Hello.", "Hmm.")),
+    "dsml v4.1: a space after ｜DSML｜": (
+        "dsml", {"version": "v4.1"}, "Look.</think>\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"get_weather\">"
+        "\n<｜DSML｜ parameter name=\"city\" string=\"true\">Tokyo</｜DSML｜ parameter>\n"
+        "</｜DSML｜ invoke>\n</｜DSML｜ calls><｜end▁of▁sentence｜>",
+        message(None, "Look.", [WEATHER])),
     "kimi id without the functions. prefix": (
         "kimi", {}, "<think>Look.</think><|tool_calls_section_begin|><|tool_call_begin|>"
                     "get_weather:3<|tool_call_argument_begin|>{\"city\": \"Tokyo\"}"
@@ -141,3 +146,15 @@ def test_xml_values_are_typed_by_the_schema(dialect: str) -> None:
     request = ChatRequest(tools=[tool])
     parsed = get_dialect(dialect, reasoning=False).parse(calls[dialect], request)
     assert without_ids(parsed) == message(None, None, [("f", '{"s": "7", "n": 7, "o": {"a": true}}')])
+
+
+def test_dsml_v41_strict_grammar_writes_the_spaced_tags() -> None:
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+    request = ChatRequest(tools=[tool], tool_choice="required",
+                          chat_template_kwargs={"enable_thinking": False})
+    spaced = EXAMPLES["dsml v4.1: a space after ｜DSML｜"][2].removeprefix("Look.</think>")
+    v41, v4 = (get_dialect("dsml", version=v).grammar(request) for v in ("v4.1", "v4"))
+    assert v41.matches(spaced) and not v4.matches(spaced)
+    unspaced = spaced.replace("｜DSML｜ ", "｜DSML｜").replace("calls>", "tool_calls>")
+    assert v4.matches(unspaced) and not v41.matches(unspaced)
