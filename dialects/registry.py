@@ -40,6 +40,7 @@ _REGISTRY: dict[str, str] = {
     "deepseek-r1": "pegmask.dialects.deepseek:DeepSeekR1Dialect",
     "mistral": "pegmask.dialects.mistral:MistralDialect",
     "llama3": "pegmask.dialects.llama3:Llama3Dialect",
+    "mimo": "pegmask.dialects.mimo:MimoDialect",
     "hermes-xml": "pegmask.dialects.hermes_xml:HermesXmlDialect",
     "hermes": "pegmask.dialects.hermes:HermesDialect",
 }

@@ -59,6 +59,10 @@ EXAMPLES = {
         "\n<｜DSML｜ parameter name=\"city\" string=\"true\">Tokyo</｜DSML｜ parameter>\n"
         "</｜DSML｜ invoke>\n</｜DSML｜ calls><｜end▁of▁sentence｜>",
         message(None, "Look.", [WEATHER])),
+    "mimo compact XML after reasoning": (
+        "mimo", {}, "<think>Look.</think><tool_call><function=get_weather><parameter=city>Tokyo"
+                    "</parameter></function></tool_call><|im_end|>",
+        message(None, "Look.", [WEATHER])),
     "kimi id without the functions. prefix": (
         "kimi", {}, "<think>Look.</think><|tool_calls_section_begin|><|tool_call_begin|>"
                     "get_weather:3<|tool_call_argument_begin|>{\"city\": \"Tokyo\"}"
@@ -120,7 +124,7 @@ def test_streaming_matches_whole_parse_for_any_chunking(name: str, data: st.Data
     assert_stream_matches(get_dialect(dialect, **options), output, cuts)
 
 
-@pytest.mark.parametrize("dialect", ["glm", "minimax", "seed-oss", "hunyuan"])
+@pytest.mark.parametrize("dialect", ["glm", "minimax", "seed-oss", "hunyuan", "mimo"])
 def test_xml_values_are_typed_by_the_schema(dialect: str) -> None:
     """"7" is a string for a string parameter and a number for an integer one; an object
     parameter written as a Python literal is the object."""
@@ -128,6 +132,7 @@ def test_xml_values_are_typed_by_the_schema(dialect: str) -> None:
         "glm": lambda k, v: f"<arg_key>{k}</arg_key><arg_value>{v}</arg_value>",
         "minimax": lambda k, v: f'<parameter name="{k}">{v}</parameter>',
         "seed-oss": lambda k, v: f"<parameter={k}>{v}</parameter>",
+        "mimo": lambda k, v: f"<parameter={k}>{v}</parameter>",
         "hunyuan": lambda k, v: (f"<arg_key:opensource>{k}</arg_key:opensource>"
                                  f"<arg_value:opensource>{v}</arg_value:opensource>"),
     }
@@ -137,6 +142,7 @@ def test_xml_values_are_typed_by_the_schema(dialect: str) -> None:
         "glm": f"<tool_call>f{params}</tool_call>",
         "minimax": f'<minimax:tool_call><invoke name="f">{params}</invoke></minimax:tool_call>',
         "seed-oss": f"<seed:tool_call><function=f>{params}</function></seed:tool_call>",
+        "mimo": f"<tool_call><function=f>{params}</function></tool_call>",
         "hunyuan": (f"<tool_calls:opensource><tool_call:opensource>f<tool_sep:opensource>{params}"
                     "</tool_call:opensource></tool_calls:opensource>"),
     }
@@ -158,3 +164,20 @@ def test_dsml_v41_strict_grammar_writes_the_spaced_tags() -> None:
     assert v41.matches(spaced) and not v4.matches(spaced)
     unspaced = spaced.replace("｜DSML｜ ", "｜DSML｜").replace("calls>", "tool_calls>")
     assert v4.matches(unspaced) and not v41.matches(unspaced)
+
+
+MIMO_TEMPLATE = (  # MiMo-V2.6's call rendering, reduced to what detection reads
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+    "{%- for tc in m.tool_calls or [] %}<tool_call><function={{ tc.function.name }}>"
+    "{%- for k, v in tc.function.arguments.items() %}<parameter={{ k }}>{{ v }}</parameter>"
+    "{%- endfor %}</function></tool_call>{%- endfor %}<|im_end|>\n{%- endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}")
+
+
+def test_compact_xml_is_mimo_and_framed_xml_hermes_xml() -> None:
+    from pegmask.dialects import detect_dialect
+
+    assert detect_dialect(MIMO_TEMPLATE) == "mimo"
+    framed = MIMO_TEMPLATE.replace("<tool_call><function={{ tc.function.name }}>",
+                                   "<tool_call>\n<function={{ tc.function.name }}>\n")
+    assert detect_dialect(framed) == "hermes-xml"
