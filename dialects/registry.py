@@ -30,6 +30,7 @@ _REGISTRY: dict[str, str] = {
     "harmony": "pegmask.dialects.harmony:HarmonyDialect",
     "dsml": "pegmask.dialects.dsml:DsmlDialect",
     "kimi": "pegmask.dialects.kimi:KimiDialect",
+    "kimi-k3": "pegmask.dialects.kimi_k3:KimiK3Dialect",
     "glm": "pegmask.dialects.glm:GlmDialect",
     "minimax": "pegmask.dialects.minimax:MiniMaxDialect",
     "cohere": "pegmask.dialects.cohere:CohereDialect",

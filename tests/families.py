@@ -133,6 +133,8 @@ class Family:
     # where the turn starts in the rendering, for templates whose generation prompt differs from
     # how they write the turn's start (R1's prompt ends "<think>\n", its history never does)
     turn_start: str | None = None
+    # how an output body joins its text and its calls block (default: a newline between)
+    body: Callable[[str, str], str] | None = None
     system: bool = True  # the prompt has a system message (Nemo's moves to the last user turn)
 
     @property
@@ -144,6 +146,8 @@ class Family:
         text = " ".join("Let me see." for part in parts if part == "text")
         calls = [table[part] for part in parts if part != "text"]
         block = self.calls(calls) if calls else ""
+        if self.body is not None:
+            return self.body(text, block)
         return "\n".join(piece for piece in (text, block) if piece)
 
 

@@ -160,6 +160,25 @@ def mimo_calls(calls: Sequence[Call]) -> str:
         + "</function></tool_call>" for name, args in calls)
 
 
+def kimi_k3_calls(calls: Sequence[Call]) -> str:
+    kinds = {str: "string", bool: "boolean", int: "number", float: "number", type(None): "null",
+             dict: "object", list: "array"}
+
+    def argument(key: str, value: object) -> str:
+        text = value if isinstance(value, str) else dumps(value)
+        return (f'<|open|>argument key="{key}" type="{kinds[type(value)]}"<|sep|>{text}'
+                "<|close|>argument<|sep|>")
+
+    body = "".join(f'<|open|>call tool="{name}" index="{i + 1}"<|sep|>'
+                   + "".join(argument(k, v) for k, v in args.items()) + "<|close|>call<|sep|>"
+                   for i, (name, args) in enumerate(calls))
+    return f"<|open|>tools<|sep|>{body}<|close|>tools<|sep|>"
+
+
+def kimi_k3_body(text: str, calls: str) -> str:
+    return f"{text}<|close|>response<|sep|>{calls}<|close|>message<|sep|>"
+
+
 COHERE_VOCAB = functools.partial(qwen_with, (
     "<|START_THINKING|>", "<|END_THINKING|>", "<|START_ACTION|>", "<|END_ACTION|>",
     "<|END_OF_TURN_TOKEN|>", "<|START_OF_TURN_TOKEN|>", "<|CHATBOT_TOKEN|>", "<|USER_TOKEN|>",
@@ -233,6 +252,12 @@ FAMILIES: dict[str, Family] = {
         "hunyuan", "tencent-Hy3.jinja", HUNYUAN_VOCAB, "<｜hy_eos:opensource｜>", hunyuan_calls,
         thought="Hmm.</think:opensource>", ends=("", "<｜hy_eos:opensource｜>"), reasoning=True,
         template_kwargs={"reasoning_effort": "high"}),
+    "kimi-k3": Family(
+        "kimi-k3", "Kimi-K3.jinja", functools.partial(qwen_with, (
+            "<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"), ("<|end_of_msg|>",)),
+        "<|end_of_msg|>", kimi_k3_calls,
+        thought="Hmm.<|close|>think<|sep|><|open|>response<|sep|>",
+        ends=("", "<|end_of_msg|>"), reasoning=True, body=kimi_k3_body),
 }
 # Families whose templates data/templates lacks: per-request grammars and sampling only (their
 # formats come from xgrammar's structural tags; test_family_examples.py parses them).
@@ -254,6 +279,7 @@ TEMPLATE_DIALECTS = {
     "GLM-4.6.jinja": "glm",
     "GLM-4.7-Flash.jinja": "glm",
     "Kimi-K2-Instruct.jinja": "kimi",
+    "Kimi-K3.jinja": "kimi-k3",
     "MiMo-VL.jinja": "hermes",
     "MiniMax-M2.jinja": "minimax",
     "Mistral-Small-3.2-24B-Instruct-2506.jinja": "mistral",

@@ -63,6 +63,11 @@ EXAMPLES = {
         "mimo", {}, "<think>Look.</think><tool_call><function=get_weather><parameter=city>Tokyo"
                     "</parameter></function></tool_call><|im_end|>",
         message(None, "Look.", [WEATHER])),
+    "kimi-k3 JSON block arguments, no reasoning": (
+        "kimi-k3", {"reasoning": False}, "Ok.<|close|>response<|sep|><|open|>tools<|sep|>"
+        "<|open|>call tool=\"get_weather\" index=\"1\"<|sep|><|open|>json type=\"object\"<|sep|>"
+        "{\"city\": \"Tokyo\"}<|close|>json<|sep|><|close|>call<|sep|><|close|>tools<|sep|>"
+        "<|close|>message<|sep|><|end_of_msg|>", message("Ok.", None, [WEATHER])),
     "kimi id without the functions. prefix": (
         "kimi", {}, "<think>Look.</think><|tool_calls_section_begin|><|tool_call_begin|>"
                     "get_weather:3<|tool_call_argument_begin|>{\"city\": \"Tokyo\"}"
