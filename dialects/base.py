@@ -42,8 +42,9 @@ Capture tags a dialect grammar reports (everything else is framing):
 * ``calls``: optional, a region of calls released together (DSML's block);
 * ``call``: one tool call; inside it ``name`` (raw text) or ``name_json`` (a JSON string
   literal), and either ``arguments`` (the JSON arguments text) or ``param`` captures, each with
-  ``key`` and one value: ``string`` (raw text, a JSON string), ``json`` (JSON text) or ``value``
-  (raw text typed by the tool schema, or guessed when there is none).
+  ``key`` and one value: ``string`` (raw text, a JSON string), ``json`` (JSON text), ``value``
+  (raw text typed by the tool schema, or guessed when there is none) or ``gemma`` (Gemma's JSON
+  dialect, `pegmask.dialects.gemma.read_value`).
 
 Streaming and whole parsing agree for every chunking: input is fed to the grammar parser one
 character (text) or one token (ids) at a time, so what is certain when an error shows up does not
@@ -639,7 +640,7 @@ class DialectStreamParser:
             param = call.param
             if tag == "key":
                 param.key_parts.append(text)
-            elif tag in ("string", "json", "value"):
+            elif tag in VALUE_TAGS:
                 if param.streamed:
                     self._arguments(_escape(text) if tag == "string" else text)
                 else:
@@ -662,7 +663,7 @@ class DialectStreamParser:
             call.has_arguments = True
         elif tag == "param":
             call.param = _Param()
-        elif tag in ("string", "json", "value") and call.param is not None:
+        elif tag in VALUE_TAGS and call.param is not None:
             param = call.param
             param.streamed = self._streams(tag, param.key)
             if param.streamed and tag == "string":
@@ -688,7 +689,7 @@ class DialectStreamParser:
             param.key = "".join(param.key_parts)
             self._arguments(("{" if not call.has_params else ", ") + _dumps(param.key) + ": ")
             call.has_params = True
-        elif tag in ("string", "json", "value") and call.param is not None:
+        elif tag in VALUE_TAGS and call.param is not None:
             param = call.param
             if param.streamed:
                 if tag == "string":
@@ -741,6 +742,13 @@ class DialectStreamParser:
         vLLM's parsers read them so), else it stays a string.
         """
         expected = schema_type(self._property_schema(key))
+        if kind == "gemma":  # its grammar was written from the schema (or any value, leniently)
+            from pegmask.dialects.gemma import read_value
+
+            try:
+                return _dumps(read_value(raw))
+            except ValueError:
+                return _dumps(raw)
         if kind == "value":
             raw = raw.removeprefix("\n").removesuffix("\n")
             if expected == "string":
@@ -763,6 +771,9 @@ class DialectStreamParser:
 
 
 _INVALID = object()
+#: capture tags of a parameter's value: raw text (`string`), JSON (`json`), text typed by the
+#: schema (`value`), and Gemma's JSON dialect (`gemma`)
+VALUE_TAGS = ("string", "json", "value", "gemma")
 _JSON_SCALARS = (str, int, float, bool, type(None))
 
 

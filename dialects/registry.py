@@ -31,6 +31,7 @@ _REGISTRY: dict[str, str] = {
     "dsml": "pegmask.dialects.dsml:DsmlDialect",
     "kimi": "pegmask.dialects.kimi:KimiDialect",
     "kimi-k3": "pegmask.dialects.kimi_k3:KimiK3Dialect",
+    "gemma": "pegmask.dialects.gemma:GemmaDialect",
     "glm": "pegmask.dialects.glm:GlmDialect",
     "minimax": "pegmask.dialects.minimax:MiniMaxDialect",
     "cohere": "pegmask.dialects.cohere:CohereDialect",

@@ -179,6 +179,22 @@ def kimi_k3_body(text: str, calls: str) -> str:
     return f"{text}<|close|>response<|sep|>{calls}<|close|>message<|sep|>"
 
 
+def gemma_calls(calls: Sequence[Call]) -> str:
+    def value(v: object) -> str:
+        if isinstance(v, str):
+            return f'<|"|>{v}<|"|>'
+        if isinstance(v, dict):
+            return "{" + ",".join(f"{k}:{value(x)}" for k, x in sorted(v.items())) + "}"
+        if isinstance(v, list):
+            return "[" + ",".join(value(x) for x in v) + "]"
+        return dumps(v)
+
+    return "".join(f"<|tool_call>call:{name}{value(args)}<tool_call|>" for name, args in calls)
+
+
+GEMMA_VOCAB = functools.partial(qwen_with, (
+    "<|tool_call>", "<tool_call|>", '<|"|>', "<|channel>", "<channel|>", "<|turn>", "<turn|>",
+    "<|tool_response>", "<tool_response|>", "<eos>", "<bos>"), ("<turn|>", "<|tool_response>"))
 COHERE_VOCAB = functools.partial(qwen_with, (
     "<|START_THINKING|>", "<|END_THINKING|>", "<|START_ACTION|>", "<|END_ACTION|>",
     "<|END_OF_TURN_TOKEN|>", "<|START_OF_TURN_TOKEN|>", "<|CHATBOT_TOKEN|>", "<|USER_TOKEN|>",
@@ -258,6 +274,10 @@ FAMILIES: dict[str, Family] = {
         "<|end_of_msg|>", kimi_k3_calls,
         thought="Hmm.<|close|>think<|sep|><|open|>response<|sep|>",
         ends=("", "<|end_of_msg|>"), reasoning=True, body=kimi_k3_body),
+    "gemma-4": Family(
+        "gemma", "google-gemma-4-31B-it.jinja", GEMMA_VOCAB, "<|tool_response>", gemma_calls,
+        thought="<|channel>thought\nHmm.\n<channel|>", ends=("", "<turn|>", "<|tool_response>"),
+        reasoning=True, content_with_calls=False, template_kwargs={"enable_thinking": True}),
 }
 # Families whose templates data/templates lacks: per-request grammars and sampling only (their
 # formats come from xgrammar's structural tags; test_family_examples.py parses them).
@@ -293,7 +313,7 @@ TEMPLATE_DIALECTS = {
     "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja": "deepseek-r1",
     "deepseek-ai-DeepSeek-V3.1.jinja": "deepseek-v3.1",
     "glm_4_5.jinja": "glm",
-    "google-gemma-4-31B-it.jinja": "unknown",
+    "google-gemma-4-31B-it.jinja": "gemma",
     "ibm-granite-granite-3.3-2B-Instruct.jinja": "unknown",
     "ibm-granite-granite-4.0.jinja": "hermes",
     "llm-jp-llm-jp-4.1-8b-thinking.jinja": "llmjp-harmony",

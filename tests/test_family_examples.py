@@ -68,6 +68,10 @@ EXAMPLES = {
         "<|open|>call tool=\"get_weather\" index=\"1\"<|sep|><|open|>json type=\"object\"<|sep|>"
         "{\"city\": \"Tokyo\"}<|close|>json<|sep|><|close|>call<|sep|><|close|>tools<|sep|>"
         "<|close|>message<|sep|><|end_of_msg|>", message("Ok.", None, [WEATHER])),
+    "gemma nested values, Python None, a quoted key": (
+        "gemma", {}, '<|channel>thought\nLook.\n<channel|><|tool_call>call:f{cfg:{<|"|>a b<|"|>: '
+        '[1, None, <|"|>x<|"|>]}, on:true}<tool_call|><|tool_response>',
+        message(None, "Look.", [("f", '{"cfg": {"a b": [1, null, "x"]}, "on": true}')])),
     "kimi id without the functions. prefix": (
         "kimi", {}, "<think>Look.</think><|tool_calls_section_begin|><|tool_call_begin|>"
                     "get_weather:3<|tool_call_argument_begin|>{\"city\": \"Tokyo\"}"
@@ -186,3 +190,54 @@ def test_compact_xml_is_mimo_and_framed_xml_hermes_xml() -> None:
     framed = MIMO_TEMPLATE.replace("<tool_call><function={{ tc.function.name }}>",
                                    "<tool_call>\n<function={{ tc.function.name }}>\n")
     assert detect_dialect(framed) == "hermes-xml"
+
+
+GEMMA_TOOL = {"type": "function", "function": {"name": "f", "parameters": {
+    "type": "object", "required": ["mode", "tags"], "$defs": {"pt": {
+        "type": "object", "properties": {"x": {"type": "integer", "minimum": 0}},
+        "required": ["x"]}},
+    "properties": {
+        "mode": {"enum": ["fast", "slow"]},
+        "tags": {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 2},
+        "at": {"$ref": "#/$defs/pt"},
+        "code": {"type": "string", "pattern": "^[A-Z]{2}$"},
+        "maybe": {"type": ["integer", "null"]}}}}}
+
+
+@pytest.mark.parametrize(("arguments", "ok"), [
+    ('{mode:<|"|>fast<|"|>,tags:[<|"|>a<|"|>]}', True),
+    ('{at:{x:3},code:<|"|>AB<|"|>,maybe:None,mode:<|"|>slow<|"|>,tags:[<|"|>a<|"|>,<|"|>b<|"|>]}',
+     True),
+    ('{mode:<|"|>fast<|"|>,tags:[]}', False),  # minItems
+    ('{mode:<|"|>fast<|"|>,tags:[<|"|>a<|"|>,<|"|>b<|"|>,<|"|>c<|"|>]}', False),  # maxItems
+    ('{mode:<|"|>medium<|"|>,tags:[<|"|>a<|"|>]}', False),  # enum
+    ('{at:{x:-1},mode:<|"|>fast<|"|>,tags:[<|"|>a<|"|>]}', False),  # $ref'd minimum
+    ('{code:<|"|>abc<|"|>,mode:<|"|>fast<|"|>,tags:[<|"|>a<|"|>]}', False),  # pattern
+    ('{tags:[<|"|>a<|"|>],mode:<|"|>fast<|"|>}', False),  # keys are sorted
+])
+def test_gemma_strict_grammar_follows_the_schema(arguments: str, ok: bool) -> None:
+    request = ChatRequest(tools=[GEMMA_TOOL], tool_choice="required",
+                          chat_template_kwargs={"enable_thinking": False})
+    dialect = get_dialect("gemma")
+    output = f"<|tool_call>call:f{arguments}<tool_call|>"
+    assert dialect.grammar(request).matches(output) == ok
+    if ok:
+        assert dialect.parse(output, request, trusted=True, seed=1) == dialect.parse(
+            output, request, seed=1)
+
+
+def test_gemma_refuses_schemas_it_cannot_write() -> None:
+    tool = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"allOf": [{"type": "integer"}]}}}}}
+    with pytest.raises(ValueError, match="allOf"):
+        get_dialect("gemma").grammar(ChatRequest(tools=[tool]))
+
+
+def test_gemma_values_read_as_json() -> None:
+    from pegmask.dialects.gemma import read_value
+
+    assert read_value('{a:<|"|>x, y<|"|>,b:[1,2.5,-3e2],c:{d:None,e:True}}') == {
+        "a": "x, y", "b": [1, 2.5, -300.0], "c": {"d": None, "e": True}}
+    for bad in ("{a 1}", "[1 2]", '<|"|>open', "{a:1}}"):
+        with pytest.raises(ValueError):
+            read_value(bad)
