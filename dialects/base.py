@@ -12,7 +12,7 @@ subclasses `Dialect` and returns, for a request, the grammar text plus the JSON 
 
 Public API (stable; the engine and the Harmony dialects build on it)::
 
-    d = get_dialect("hermes" | "hermes-xml" | "dsml" | "harmony" | "llmjp-harmony", **options)
+    d = get_dialect(name, **options)   # pegmask.dialects.registry: every family's name
     d.render(messages, tools=None, add_generation_prompt=True, **template_kwargs) -> str
     d.grammar(request) -> Grammar                  # strict, cached per request shape
     d.parse_grammar(request) -> Grammar            # lenient, cached
@@ -28,9 +28,13 @@ chat.completion.chunk ``delta`` objects: ``{"content": ...}``, ``{"reasoning_con
 call, then ``{"tool_calls": [{"index", "function": {"arguments": piece}}]}``. The role is the
 engine's to add.
 
-Writing a dialect: subclass `Dialect` (or `TurnDialect` for `reasoning? content? calls?`
-outputs), set `name` (and `native_renderer`, `reasoning_default`), register it in `_REGISTRY`,
-and implement `grammar_source(request, strict) -> (peg_text, schemas)` with start rule `root`.
+Writing a dialect (a model family): one `.peg` file and one module. Subclass `Dialect` (or
+`TurnDialect` for `reasoning? content? calls?` outputs), set `name` (and `reasoning_default`,
+`native_renderer` / `renderers` / `turn_header` where the family's template cannot render tools
+or history), say which templates are the family's (`owns_template`) and what they imply
+(`template_options`), register it in `pegmask.dialects.registry._REGISTRY` (in detection
+priority order), and implement `grammar_source(request, strict) -> (peg_text, schemas)` with
+start rule `root` (`TurnDialect` composes it from the `.peg`'s rules).
 `peg_sections`, `fill`, `peg_literal`, `alternatives` and `separated` build the per-request
 text from the `.peg` templates. The base wraps `root` as ``pegmask_turn = @turn:root`` (so the
 rule name `pegmask_turn` and the tag `turn` are reserved) and caches grammars per
