@@ -327,11 +327,14 @@ def test_noise_stays_inside_the_grammar(noise_engine: Engine, options: dict) -> 
 def test_noise_writes_every_dialects_calls(noise_engine: Engine, dialect: str) -> None:
     """The other dialects on the same model: SmolLM2's vocabulary has none of their special
     tokens, so every tag is spelled, and still each finished call is well-formed and valid.
-    (Spelled, Kimi K3's framing alone takes about 100 tokens.)"""
+    One call each (a noise model writes calls until max_tokens when it may write several;
+    parallel calls are sampled in test_families.py), 250 tokens (spelled, Kimi K3's framing alone
+    takes about 100)."""
     engine = Engine(model=noise_engine.backend.path, dialect=dialect, dtype="float32")
     results = engine.generate_batch([
         {"messages": [{"role": "user", "content": "Go."}], "max_tokens": 250, "seed": seed,
          "temperature": 1.0, "tools": [NOISE_TOOL], "tool_choice": "required",
+         "parallel_tool_calls": False,
          "chat_template_kwargs": {"reasoning_effort": "none"}} for seed in range(3)])
     finished = [result for result in results if result.finish_reason != "length"]
     assert finished, [result.text for result in results]
