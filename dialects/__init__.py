@@ -1,29 +1,33 @@
-"""pegmask.dialects: chat dialects (one `.peg` grammar each), request specialization and prompt
-rendering.
+"""pegmask.dialects: chat dialects (one `.peg` grammar and one module per model family), request
+specialization, template detection and prompt rendering.
 
-    from pegmask.dialects import ChatRequest, get_dialect, render_chat_template
-    d = get_dialect("hermes")
+    from pegmask.dialects import ChatRequest, detect_dialect, get_dialect, render_chat_template
+    d = get_dialect(detect_dialect(template), chat_template=template)
     grammar = d.grammar(ChatRequest(tools=[...], tool_choice="required"))
     message = d.parse(output_text)
 """
 
-from pegmask.dialects.base import (
-    Dialect,
-    DialectStreamParser,
-    accumulate,
+from pegmask.dialects.base import Dialect, DialectStreamParser, accumulate
+from pegmask.dialects.registry import (
+    UNKNOWN,
+    detect_dialect,
     dialect_names,
+    dialect_options,
     get_dialect,
 )
 from pegmask.dialects.request import ChatRequest, RequestError
 from pegmask.dialects.templating import render_chat_template
 
 __all__ = [
+    "UNKNOWN",
     "ChatRequest",
     "Dialect",
     "DialectStreamParser",
     "RequestError",
     "accumulate",
+    "detect_dialect",
     "dialect_names",
+    "dialect_options",
     "get_dialect",
     "render_chat_template",
 ]

@@ -12,7 +12,7 @@ subclasses `Dialect` and returns, for a request, the grammar text plus the JSON 
 
 Public API (stable; the engine and the Harmony dialects build on it)::
 
-    d = get_dialect("hermes" | "hermes-xml" | "dsml" | "harmony" | "llmjp-harmony", **options)
+    d = get_dialect(name, **options)   # pegmask.dialects.registry: every family's name
     d.render(messages, tools=None, add_generation_prompt=True, **template_kwargs) -> str
     d.grammar(request) -> Grammar                  # strict, cached per request shape
     d.parse_grammar(request) -> Grammar            # lenient, cached
@@ -28,9 +28,13 @@ chat.completion.chunk ``delta`` objects: ``{"content": ...}``, ``{"reasoning_con
 call, then ``{"tool_calls": [{"index", "function": {"arguments": piece}}]}``. The role is the
 engine's to add.
 
-Writing a dialect: subclass `Dialect` (or `TurnDialect` for `reasoning? content? calls?`
-outputs), set `name` (and `native_renderer`, `reasoning_default`), register it in `_REGISTRY`,
-and implement `grammar_source(request, strict) -> (peg_text, schemas)` with start rule `root`.
+Writing a dialect (a model family): one `.peg` file and one module. Subclass `Dialect` (or
+`TurnDialect` for `reasoning? content? calls?` outputs), set `name` (and `reasoning_default`,
+`native_renderer` / `renderers` / `turn_header` where the family's template cannot render tools
+or history), say which templates are the family's (`owns_template`) and what they imply
+(`template_options`), register it in `pegmask.dialects.registry._REGISTRY` (in detection
+priority order), and implement `grammar_source(request, strict) -> (peg_text, schemas)` with
+start rule `root` (`TurnDialect` composes it from the `.peg`'s rules).
 `peg_sections`, `fill`, `peg_literal`, `alternatives` and `separated` build the per-request
 text from the `.peg` templates. The base wraps `root` as ``pegmask_turn = @turn:root`` (so the
 rule name `pegmask_turn` and the tag `turn` are reserved) and caches grammars per
@@ -42,8 +46,9 @@ Capture tags a dialect grammar reports (everything else is framing):
 * ``calls``: optional, a region of calls released together (DSML's block);
 * ``call``: one tool call; inside it ``name`` (raw text) or ``name_json`` (a JSON string
   literal), and either ``arguments`` (the JSON arguments text) or ``param`` captures, each with
-  ``key`` and one value: ``string`` (raw text, a JSON string), ``json`` (JSON text) or ``value``
-  (raw text typed by the tool schema, or guessed when there is none).
+  ``key`` and one value: ``string`` (raw text, a JSON string), ``json`` (JSON text), ``value``
+  (raw text typed by the tool schema, or guessed when there is none) or ``gemma`` (Gemma's JSON
+  dialect, `pegmask.dialects.gemma.read_value`).
 
 Streaming and whole parsing agree for every chunking: input is fed to the grammar parser one
 character (text) or one token (ids) at a time, so what is certain when an error shows up does not
@@ -56,13 +61,14 @@ end of the output is dropped (trusted: kept, and ``incomplete`` is set).
 
 from __future__ import annotations
 
+import ast
 import codecs
-import importlib
 import json
+import math
 import random
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from string import Template
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -77,34 +83,8 @@ if TYPE_CHECKING:
 Message = dict[str, Any]
 Delta = dict[str, Any]
 
-# Dialect registry: name -> "module:Class" (imported on first use, so one broken dialect module
-# never breaks the others).
-_REGISTRY: dict[str, str] = {
-    "hermes": "pegmask.dialects.hermes:HermesDialect",
-    "hermes-xml": "pegmask.dialects.hermes_xml:HermesXmlDialect",
-    "dsml": "pegmask.dialects.dsml:DsmlDialect",
-    "harmony": "pegmask.dialects.harmony:HarmonyDialect",
-    "llmjp-harmony": "pegmask.dialects.llmjp_harmony:LlmJpHarmonyDialect",
-}
-
 TURN_TAG = "turn"  # wraps the whole output so every byte lies inside some capture
 _GRAMMAR_CACHE_SIZE = 64
-
-
-def dialect_names() -> list[str]:
-    """The names `get_dialect` knows, sorted."""
-    return sorted(_REGISTRY)
-
-
-def get_dialect(name: str, **options: Any) -> Dialect:
-    """The dialect called `name`, configured by its options (e.g. ``version="v3.2"``)."""
-    try:
-        target = _REGISTRY[name]
-    except KeyError:
-        raise ValueError(f"unknown dialect {name!r}; known: {sorted(_REGISTRY)}") from None
-    module_name, class_name = target.split(":")
-    cls = getattr(importlib.import_module(module_name), class_name)
-    return cls(**options)
 
 
 # --------------------------------------------------------------------------- grammar text helpers
@@ -210,8 +190,16 @@ class Dialect:
     #: default reasoning mode when the request does not say: True (output starts in reasoning),
     #: False (no reasoning), None (detected from the output)
     reasoning_default: ClassVar[bool | None] = None
-    #: the `pegmask.dialects.native` renderer used when no chat template is given
+    #: whether the family reasons at all (False: no reasoning, whatever the request says)
+    reasons: ClassVar[bool] = True
+    #: the native renderer (a key of `renderers`) used when no chat template is given
     native_renderer: ClassVar[str | None] = None
+    #: the native prompt renderers this family's module provides, by name (see
+    #: `pegmask.dialects.native.render_native`)
+    renderers: ClassVar[Mapping[str, Callable[..., str]]] = {}
+    #: where an assistant turn starts in a native prompt (replayed text follows it); None: the
+    #: turn is the generated text alone
+    turn_header: ClassVar[str | None] = None
 
     def __init__(self, *, chat_template: str | None = None, reasoning: bool | None = None,
                  **options: Any):
@@ -220,6 +208,21 @@ class Dialect:
         self.chat_template = chat_template
         self.reasoning = self.reasoning_default if reasoning is None else reasoning
         self._grammars: OrderedDict[tuple, Grammar] = OrderedDict()
+
+    # ----------------------------------------------------------------- chat templates
+    @classmethod
+    def owns_template(cls, template: str, renderings: Sequence[str]) -> bool:
+        """Whether a chat template writes this family's calls. `renderings` are the template's
+        renderings of a probe conversation (`pegmask.dialects.registry.probe_renderings`: one
+        call of tool `pegmask_probe` with argument `pegmask_arg`; empty where the template
+        cannot render it). Say True only for a format this dialect parses exactly."""
+        return False
+
+    @classmethod
+    def template_options(cls, template: str) -> dict[str, Any]:
+        """Options a family's template implies (e.g. no reasoning when it never writes
+        `<think>`); `get_dialect(name, chat_template=t)` applies them."""
+        return {}
 
     # ----------------------------------------------------------------- prompt side
     def render(self, messages: Any, tools: list[dict[str, Any]] | None = None,
@@ -246,6 +249,8 @@ class Dialect:
 
     def reasoning_mode(self, request: ChatRequest | None) -> bool | None:
         """Reasoning on / off / detected, from the request, else the dialect's option."""
+        if not self.reasons:
+            return False
         if request is None:
             return self.reasoning
         return request.reasoning_enabled(self.reasoning)
@@ -327,6 +332,11 @@ class TurnDialect(Dialect):
     peg_file: ClassVar[str] = ""
     #: whether a call region may end reasoning without `think_close` (when parsing)
     implicit_reasoning_end: ClassVar[bool] = True
+    #: whether a turn is an answer or calls, never both (Llama 3's JSON calls: a call is the
+    #: whole turn, and an answer cannot start like one)
+    calls_alone: ClassVar[bool] = False
+    #: the rule a free-text answer is made of under the strict grammar
+    answer_rule: ClassVar[str] = "text"
     #: framing whitespace: bounded when decoding is constrained, so a sampler cannot loop on it
     STRICT_WS: ClassVar[str] = "[ \\t\\r\\n]{0,4}"
     PRELUDE: ClassVar[str] = (
@@ -439,7 +449,8 @@ class TurnDialect(Dialect):
         schema = request.response_grammar if strict else None
         if strict:
             end = "think_close ws body"
-            answer = "@content:json(response) ws" if schema is not None else "@content:text ws"
+            text = f"@content:{self.answer_rule} ws"
+            answer = "@content:json(response) ws" if schema is not None else text
             calls = "calls_one ws" if request.max_calls == 1 else "calls_many ws"
             if request.min_calls:
                 body = f"{calls} eos?"
@@ -447,17 +458,22 @@ class TurnDialect(Dialect):
                 body = f"{answer} eos?" if request.max_calls == 0 else f"({answer} | {calls}) eos?"
             elif request.max_calls == 0:
                 body = f"({answer})? eos?"
+            elif self.calls_alone:
+                body = f"({calls} | {answer})? eos?"
             else:
                 body = f"({answer})? ({calls})? eos?"
         else:
             implicit = " | region ws body" if self.implicit_reasoning_end else ""
             end = f"(think_close ws body{implicit} | eos)?"
-            body = "(@content:text ws)? (region ws (@content:text ws)?)* eos?"
+            if self.calls_alone:  # calls first: a whole turn that parses as calls is calls
+                body = "(region ws | @content:text ws)? eos?"
+            else:
+                body = "(@content:text ws)? (region ws (@content:text ws)?)* eos?"
         opened = f"ws (@reasoning:thought ws)? {end}"
-        root = {
-            True: f"think_open? {opened}",
+        root = {  # GLM 4.5 writes a newline before <think>
+            True: f"(ws think_open)? {opened}",
             False: "ws body",
-            None: f"think_open {opened} | (ws (@reasoning:text ws)? think_close)? ws body",
+            None: f"ws think_open {opened} | (ws (@reasoning:text ws)? think_close)? ws body",
         }[reasoning]
         return f"root = {root}\nbody = {body}\n", schema
 
@@ -629,7 +645,7 @@ class DialectStreamParser:
             param = call.param
             if tag == "key":
                 param.key_parts.append(text)
-            elif tag in ("string", "json", "value"):
+            elif tag in VALUE_TAGS:
                 if param.streamed:
                     self._arguments(_escape(text) if tag == "string" else text)
                 else:
@@ -652,7 +668,7 @@ class DialectStreamParser:
             call.has_arguments = True
         elif tag == "param":
             call.param = _Param()
-        elif tag in ("string", "json", "value") and call.param is not None:
+        elif tag in VALUE_TAGS and call.param is not None:
             param = call.param
             param.streamed = self._streams(tag, param.key)
             if param.streamed and tag == "string":
@@ -678,7 +694,7 @@ class DialectStreamParser:
             param.key = "".join(param.key_parts)
             self._arguments(("{" if not call.has_params else ", ") + _dumps(param.key) + ": ")
             call.has_params = True
-        elif tag in ("string", "json", "value") and call.param is not None:
+        elif tag in VALUE_TAGS and call.param is not None:
             param = call.param
             if param.streamed:
                 if tag == "string":
@@ -723,12 +739,21 @@ class DialectStreamParser:
         return kind == "json" and self._trusted
 
     def _convert(self, kind: str, key: str | None, raw: str) -> str:
-        """The JSON text of a whole parameter value, coerced to the schema's type when known.
+        """The JSON text of a whole parameter value, typed by the tool's schema when known.
 
-        `value` text loses one framing newline at each end. Text that is no JSON (Python's
-        True/False/None aside) stays a string, and so does any value of a string parameter.
+        `value` text loses one framing newline at each end. Any value of a string parameter is
+        that string. Other text is read as JSON (kept as written), else as a Python literal
+        (`{'a': 1}`, `True`, `None`: models whose prompts show Python values write them, and
+        vLLM's parsers read them so), else it stays a string.
         """
         expected = schema_type(self._property_schema(key))
+        if kind == "gemma":  # its grammar was written from the schema (or any value, leniently)
+            from pegmask.dialects.gemma import read_value
+
+            try:
+                return _dumps(read_value(raw))
+            except ValueError:
+                return _dumps(raw)
         if kind == "value":
             raw = raw.removeprefix("\n").removesuffix("\n")
             if expected == "string":
@@ -737,7 +762,7 @@ class DialectStreamParser:
         try:
             value, exact = json.loads(text), True
         except ValueError:
-            value, exact = _PYTHON_LITERALS.get(text, _INVALID), False
+            value, exact = python_literal(text), False
         if value is _INVALID or (kind == "string" and isinstance(value, str)):
             return _dumps(raw)
         if expected == "string" and not isinstance(value, str):
@@ -751,7 +776,34 @@ class DialectStreamParser:
 
 
 _INVALID = object()
-_PYTHON_LITERALS = {"True": True, "False": False, "None": None}
+#: capture tags of a parameter's value: raw text (`string`), JSON (`json`), text typed by the
+#: schema (`value`), and Gemma's JSON dialect (`gemma`)
+VALUE_TAGS = ("string", "json", "value", "gemma")
+_JSON_SCALARS = (str, int, float, bool, type(None))
+
+
+def python_literal(text: str) -> Any:
+    """The JSON value a Python literal spells (tuples read as arrays), or `_INVALID` when the
+    text is no literal of JSON's kinds (sets, bytes, complex and non-finite numbers are not)."""
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return _INVALID
+    return _as_json(value)
+
+
+def _as_json(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return _INVALID
+    if isinstance(value, _JSON_SCALARS):
+        return value
+    if isinstance(value, (list, tuple)):
+        items = [_as_json(item) for item in value]
+        return _INVALID if any(item is _INVALID for item in items) else items
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        members = {k: _as_json(v) for k, v in value.items()}
+        return _INVALID if any(v is _INVALID for v in members.values()) else members
+    return _INVALID
 
 
 def _dumps(value: Any) -> str:

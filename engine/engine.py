@@ -13,6 +13,8 @@ streams and the server submit to it from any thread, and it batches whatever run
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 import re
 import threading
@@ -22,18 +24,33 @@ from typing import Any
 
 import jinja2
 
-from pegmask.dialects import ChatRequest, Dialect, DialectStreamParser, get_dialect
+from pegmask.dialects import (
+    UNKNOWN,
+    ChatRequest,
+    Dialect,
+    DialectStreamParser,
+    detect_dialect,
+    dialect_options,
+    get_dialect,
+)
 from pegmask.dialects.native import replay_text
 from pegmask.dialects.replay import ReplayMemory
+from pegmask.dialects.templating import render_chat_template
 from pegmask.engine.decode import ChatOutput, DecodeStats, Delta, Row, RowSpec, TextOutput
 from pegmask.engine.metrics import Metrics
 from pegmask.engine.model import ModelBackend, load_backend
-from pegmask.engine.requests import GenerationRequest, InvalidRequestError, build_request
+from pegmask.engine.requests import (
+    GenerationRequest,
+    InvalidRequestError,
+    build_request,
+    grammar_for_format,
+)
 from pegmask.engine.scheduler import Event, Limits, Scheduler, Submission
 from pegmask.grammars import Grammar
 from pegmask.grammars.automaton import CompiledGrammar, GrammarCompiler
 from pegmask.grammars.vocab import Vocabulary
 
+logger = logging.getLogger("pegmask.engine")
 _TOOLS_VARIABLE = re.compile(r"\btools\b")
 # A request that touches what the first request of a process would otherwise pay for (the PEG
 # and JSON Schema front-ends, the dialect's grammar, the vocabulary's tries, the first masks).
@@ -166,13 +183,20 @@ class Engine:
         self.vocab: Vocabulary = self.backend.vocab
         self.chat_template = chat_template or self.backend.chat_template
         name = detect_dialect(self.chat_template) if dialect == "auto" else dialect
-        options = dialect_options(name, self.chat_template)
         self.dialect_name = name
-        self.dialect: Dialect = get_dialect(name, chat_template=self.chat_template, **options)
-        # The dialect's own prompt format, for tools the model's template does not render.
+        # An unknown chat format: chats are plain text (no tool calls), not a wrong guess.
+        self.dialect: Dialect | None = None
         self._native: Dialect | None = None
-        if self.dialect.native_renderer and not renders_tools(self.chat_template):
-            self._native = get_dialect(name, **options)
+        if name == UNKNOWN:
+            logger.warning("the chat template of %s writes no tool-call format pegmask knows: "
+                           "chats are plain text and tools are refused; pass dialect= to pick "
+                           "one", self.backend.name)
+        else:
+            options = dialect_options(name, self.chat_template)
+            self.dialect = get_dialect(name, chat_template=self.chat_template, **options)
+            # The dialect's own prompt format, for tools the model's template does not render.
+            if self.dialect.native_renderer and not renders_tools(self.chat_template):
+                self._native = get_dialect(name, **options)
         self._compiler = GrammarCompiler(self.vocab)
         self.strict_tool_arguments = strict_tool_arguments
         # Preparing touches the dialect's and the compiler's caches: one request at a time.
@@ -325,11 +349,14 @@ class Engine:
         max_new = min(sampling.max_tokens, room)
         compiled: CompiledGrammar | None = None
         stop_ids = frozenset(self.vocab.eos_ids)
-        if request.is_chat and request.grammar is None:
+        if request.is_chat and self.dialect is None:
+            request = self._plain_chat(request)
+        dialect = self.dialect
+        if request.is_chat and request.grammar is None and dialect is not None:
             # The dialect grammar embeds the tool schemas and the answer's schema.
             chat = request.chat
             param = "response_format" if chat.response_schema is not None else "tools"
-            grammar = self._checked(lambda: self.dialect.grammar(chat), param)
+            grammar = self._checked(lambda: dialect.grammar(chat), param)
             compiled = self.compiled(grammar, param)
             vocab = self.vocab
 
@@ -349,6 +376,20 @@ class Engine:
                 self._check_budget(compiled, max_new)
         return RowSpec(prompt_ids, sampling, max_new, make_output, compiled, stop_ids,
                        frozenset(self.vocab.eos_ids), self.backend.encode, prompt_text)
+
+    @staticmethod
+    def _plain_chat(request: GenerationRequest) -> GenerationRequest:
+        """A chat for a model whose dialect is unknown: its answer is plain content, under the
+        response format's grammar if it has one; tools cannot be served."""
+        chat = request.chat
+        if chat.tools and chat.tool_choice != "none":
+            raise InvalidRequestError(
+                "this model's chat template writes no tool-call format pegmask knows, so tools "
+                "cannot be constrained or parsed; start the engine with dialect=", "tools")
+        if request.grammar is None and chat.response_format is not None:
+            request = dataclasses.replace(request,
+                                          grammar=grammar_for_format(chat.response_format))
+        return request
 
     @staticmethod
     def _check_budget(compiled: CompiledGrammar, max_new: int) -> None:
@@ -392,6 +433,17 @@ class Engine:
         chat: ChatRequest = request.chat
         kwargs = dict(request.template_kwargs)
         dialect = self.dialect
+        if dialect is None:
+            if not self.chat_template:
+                raise InvalidRequestError("the model has no chat template: send a completion "
+                                          "prompt, or start the engine with chat_template=",
+                                          "messages")
+            for key, value in self.backend.template_tokens().items():
+                kwargs.setdefault(key, value)
+            text = self._checked(lambda: render_chat_template(
+                self.chat_template, request.messages, tools=chat.tools or None,
+                add_generation_prompt=True, **kwargs), "messages")
+            return text, False
         native = bool(chat.tools) and self._native is not None
         if native:
             dialect = self._native
@@ -458,33 +510,6 @@ class Engine:
 
 
 # --------------------------------------------------------------------------- dialects
-def detect_dialect(template: str | None) -> str:
-    """The dialect a chat template writes: `chat_format=llm-jp-harmony-v1` on its first line
-    is llmjp-harmony, Harmony's `<|channel|>` is harmony, DSML is dsml, Qwen3-Coder's
-    `<function=` is hermes-xml, and ChatML or `<tool_call>` is hermes."""
-    if not template:
-        raise ValueError("the model has no chat template: pass dialect= (or chat_template=)")
-    first_line = template.lstrip().split("\n", 1)[0]
-    if "chat_format=llm-jp-harmony-v1" in first_line:
-        return "llmjp-harmony"
-    if "<|channel|>" in template:
-        return "harmony"
-    if "DSML" in template:
-        return "dsml"
-    if "<function=" in template:
-        return "hermes-xml"
-    if "<tool_call>" in template or "<|im_start|>" in template:
-        return "hermes"
-    raise ValueError("cannot tell the chat dialect from the chat template: pass dialect=")
-
-
-def dialect_options(name: str, template: str | None) -> dict[str, Any]:
-    """A Hermes-family model whose template never mentions `<think>` does not reason."""
-    if name in ("hermes", "hermes-xml") and template and "<think>" not in template:
-        return {"reasoning": False}
-    return {}
-
-
 def renders_tools(template: str | None) -> bool:
     """Whether a chat template reads the `tools` variable at all."""
     return bool(template and _TOOLS_VARIABLE.search(template))

@@ -184,9 +184,12 @@ BAD_CALLS = ["bad schema", "bad type", "missing required", "unknown tool"]
 CALL_TOOLS = {"weather": "get_weather", "weather2": "get_weather", "time": "get_time"}
 
 
-def obeys(request: ChatRequest, parts: list[str], reasoning: bool, thought: bool) -> bool:
+def obeys(request: ChatRequest, parts: list[str], reasoning: bool, thought: bool,
+          calls_alone: bool = False) -> bool:
     """Whether an output made of `parts` (after a reasoning block if `thought`) obeys the
-    request."""
+    request (`calls_alone`: a call after text is part of the text)."""
+    if calls_alone and "text" in parts:
+        parts = ["text"]
     calls = [CALL_TOOLS[p] for p in parts if p != "text"]
     if reasoning != thought or len(calls) < request.min_calls:
         return False
@@ -203,12 +206,14 @@ def assert_request_grammar(dialect: Dialect, request: ChatRequest, reasoning: bo
     """`dialect.grammar(request)` accepts exactly the outputs that obey the request (every
     shape of `SHAPES`, with and without the reasoning block `thought`, before each end in
     `ends`), rejects calls that break their schema, and what it accepts the trusted parser
-    reads as the lenient one does. `render(parts)` writes an output body."""
+    reads as the lenient one does. `render(parts)` writes an output body; a family that does not
+    reason has no `thought`."""
     grammar = dialect.grammar(request)
-    for with_thought in (True, False):
+    calls_alone = getattr(dialect, "calls_alone", False)
+    for with_thought in (True, False) if thought else (False,):
         prefix = thought if with_thought else ""
         for label, parts in SHAPES.items():
-            want = obeys(request, parts, reasoning, with_thought)
+            want = obeys(request, parts, reasoning, with_thought, calls_alone)
             for end in ends:
                 output = prefix + render(parts) + end
                 assert grammar.matches(output) == want, (label, output)

@@ -163,6 +163,23 @@ def test_typed_xml_values_follow_the_tool_schema():
         output, request, seed=7)
 
 
+def test_xml_values_read_python_literals_as_vllm_does():
+    """Qwen3-Coder's prompts show values as Python (`{'a': 1}`, `True`): such text is read as a
+    Python literal where it is no JSON, typed by the schema; the strict grammar asks for JSON."""
+    tool = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"cfg": {"type": "object"}, "s": {"type": "string"},
+                                         "flags": {"type": "array"}}}}}
+    request = ChatRequest(tools=[tool])
+    output = xml_call("f", cfg="{'a': 1, 'b': [True, None]}", s="{'a': 1}", flags="(1, 'x')",
+                      other="None", odd="{1, 2}", word="hello")
+    assert call_summary(get_dialect("hermes-xml").parse(output, request)) == [("f", {
+        "cfg": {"a": 1, "b": [True, None]}, "s": "{'a': 1}", "flags": [1, "x"], "other": None,
+        "odd": "{1, 2}", "word": "hello"})]
+    grammar = get_dialect("hermes-xml", reasoning=False).grammar(request)
+    assert grammar.matches(xml_call("f", cfg='{"a": 1}'))
+    assert not grammar.matches(xml_call("f", cfg="{'a': 1}"))
+
+
 def test_raw_xml_strings_obey_their_schema():
     """A constrained string parameter is still written raw; its schema applies to that text."""
     tool = {"type": "function", "function": {"name": "f", "parameters": {

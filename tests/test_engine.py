@@ -16,9 +16,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from pegmask import Engine, Grammar  # noqa: E402
 from pegmask.bench.data import JSONSCHEMA_DIR, TEMPLATES_DIR  # noqa: E402
-from pegmask.dialects import accumulate  # noqa: E402
+from pegmask.dialects import accumulate, detect_dialect, dialect_names  # noqa: E402
 from pegmask.engine.decode import StopStrings  # noqa: E402
-from pegmask.engine.engine import detect_dialect, renders_tools  # noqa: E402
+from pegmask.engine.engine import renders_tools  # noqa: E402
 from pegmask.engine.requests import InvalidRequestError, build_request  # noqa: E402
 
 SCHEMAS = JSONSCHEMA_DIR
@@ -248,11 +248,11 @@ def test_detect_dialect(template: str, dialect: str) -> None:
     assert renders_tools(text)
 
 
-def test_detect_dialect_rejects_unknown_templates() -> None:
-    with pytest.raises(ValueError):
-        detect_dialect("{{ messages }}")
-    with pytest.raises(ValueError):
-        detect_dialect(None)
+def test_detect_dialect_says_unknown_rather_than_guess() -> None:
+    assert detect_dialect("{{ messages }}") == "unknown"
+    assert detect_dialect(None) == "unknown"
+    with pytest.raises(ValueError, match="pass dialect="):
+        Engine(chat_template="{{ messages }}")
 
 
 
@@ -323,14 +323,18 @@ def test_noise_stays_inside_the_grammar(noise_engine: Engine, options: dict) -> 
                                 NOISE_TOOL["function"]["parameters"])
 
 
-@pytest.mark.parametrize("dialect", ["harmony", "llmjp-harmony", "dsml", "hermes-xml"])
+@pytest.mark.parametrize("dialect", [name for name in dialect_names() if name != "hermes"])
 def test_noise_writes_every_dialects_calls(noise_engine: Engine, dialect: str) -> None:
     """The other dialects on the same model: SmolLM2's vocabulary has none of their special
-    tokens, so every tag is spelled, and still each finished call is well-formed and valid."""
+    tokens, so every tag is spelled, and still each finished call is well-formed and valid.
+    One call each (a noise model writes calls until max_tokens when it may write several;
+    parallel calls are sampled in test_families.py), 250 tokens (spelled, Kimi K3's framing alone
+    takes about 100)."""
     engine = Engine(model=noise_engine.backend.path, dialect=dialect, dtype="float32")
     results = engine.generate_batch([
-        {"messages": [{"role": "user", "content": "Go."}], "max_tokens": 150, "seed": seed,
+        {"messages": [{"role": "user", "content": "Go."}], "max_tokens": 250, "seed": seed,
          "temperature": 1.0, "tools": [NOISE_TOOL], "tool_choice": "required",
+         "parallel_tool_calls": False,
          "chat_template_kwargs": {"reasoning_effort": "none"}} for seed in range(3)])
     finished = [result for result in results if result.finish_reason != "length"]
     assert finished, [result.text for result in results]

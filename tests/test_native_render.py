@@ -740,3 +740,47 @@ def test_template_variables_a_renderer_does_not_read_are_ignored(dialect: str) -
     assert render_native(dialect, messages, None, True, reasoning_effort="low",
                          some_flag=True) == render_native(dialect, messages, None, True,
                                                           reasoning_effort="low")
+
+
+# --------------------------------------------------------------------------------------------
+# DeepSeek R1: its template's turns, tools declared in the system prompt
+# --------------------------------------------------------------------------------------------
+
+R1_TEMPLATE = "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja"
+
+
+@pytest.mark.parametrize("history", ["plain", "multi_turn_reasoning"])
+def test_deepseek_r1_matches_its_template_without_tools(history: str):
+    messages = HISTORIES[history]
+    expected = render_history(_template(R1_TEMPLATE), messages, add_generation_prompt=True,
+                              bos_token="<｜begin▁of▁sentence｜>")
+    assert render_native("deepseek-r1", messages) == expected
+    assert get_dialect("deepseek-r1").render(messages) == expected
+
+
+def test_deepseek_r1_declares_tools_and_writes_calls_it_reads_back():
+    prompt = render_native("deepseek-r1", TOOL_LOOP, TOOLS)
+    assert prompt.startswith("<｜begin▁of▁sentence｜>Be brief.\n\nYou are a helpful assistant")
+    assert prompt.count("```json\n{\"type\": \"function\"") == len(TOOLS)
+    assert prompt.endswith("<｜tool▁outputs▁end｜><｜Assistant｜><think>\n")
+    assert "Two cities" not in prompt  # R1's history drops reasoning
+    turn = prompt.split("<｜Assistant｜>")[1].split("<｜tool▁outputs▁begin｜>")[0]
+    parsed = get_dialect("deepseek-r1", reasoning=False).parse(turn)
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+            for c in parsed["tool_calls"]] == [
+        ("get_weather", {"city": "東京", "days": 2}),
+        ("get_weather", {"city": "Osaka", "opts": {"zz": 1}})]
+    assert '<｜tool▁output▁begin｜>{"temp": 20}<｜tool▁output▁end｜>\n' in prompt
+
+
+def test_deepseek_r1_replays_the_generated_turn():
+    calls = normalize_history(TOOL_LOOP).messages[2].tool_calls
+    generated = ("Two  cities\n</think>\n\n<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function"
+                 "<｜tool▁sep｜>get_weather\n```json\n{\"city\":\"東京\",\"days\":2}\n```"
+                 "<｜tool▁call▁end｜><｜tool▁calls▁end｜>")
+    prompt = render_native("deepseek-r1", TOOL_LOOP[:2], TOOLS)
+    memory = ReplayMemory()
+    memory.remember(calls, replay_text("deepseek-r1", prompt, generated))
+    replayed = render_native("deepseek-r1", TOOL_LOOP, TOOLS, replay=memory)
+    assert "<｜Assistant｜><think>\n" + generated + "<｜end▁of▁sentence｜>" in replayed
+    assert replayed.startswith(prompt.removesuffix("<｜Assistant｜><think>\n"))

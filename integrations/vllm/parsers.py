@@ -35,8 +35,14 @@ from vllm.entrypoints.generate.base.protocol import (
 from vllm.reasoning import ReasoningParser
 from vllm.tool_parsers import ToolParser
 
-from pegmask.dialects import ChatRequest, Dialect, DialectStreamParser, RequestError, dialect_names
-from pegmask.engine.engine import dialect_options
+from pegmask.dialects import (
+    ChatRequest,
+    Dialect,
+    DialectStreamParser,
+    RequestError,
+    dialect_names,
+    dialect_options,
+)
 from pegmask.grammars import ParseError
 from pegmask.integrations.constraints import dialect_named
 from pegmask.integrations.dialect_output import ReasoningSplit

@@ -1,0 +1,41 @@
+"""The `cohere` dialect: Cohere Command R7B / Command A actions, a JSON list of
+`{"tool_call_id", "tool_name", "parameters"}` objects between `<|START_ACTION|>` and
+`<|END_ACTION|>`, after `<|START_THINKING|>` reasoning (cohere.peg).
+
+``reasoning`` defaults to True when the template's generation prompt ends with
+`<|START_THINKING|>` (the output starts in reasoning). The list may be indented as the template
+writes it (whitespace up to 32 characters a run under the strict grammar).
+
+Prompts come from the model's template. (xgrammar's "cohere" key is another format, the
+`<cofl:tool_calls>` XML of later Command models, which pegmask does not speak yet.)
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from pegmask.dialects.base import TurnDialect
+from pegmask.dialects.registry import generation_prompt
+
+_PROBE_CALL = re.compile(
+    r'<\|START_ACTION\|>\[\s*\{"tool_call_id": "[^"]*", "tool_name": "pegmask_probe"')
+
+
+class CohereDialect(TurnDialect):
+    name = "cohere"
+    peg_file = "cohere.peg"
+
+    def substitutions(self, strict: bool) -> dict[str, str]:
+        return {"jws": "[ \\t\\r\\n]{0,32}" if strict else "ws"}
+
+    @classmethod
+    def owns_template(cls, template: str, renderings: Sequence[str]) -> bool:
+        """`<|START_ACTION|>` and a list of `tool_name` objects."""
+        return any(_PROBE_CALL.search(text) for text in renderings)
+
+    @classmethod
+    def template_options(cls, template: str) -> dict[str, Any]:
+        """A generation prompt ending with `<|START_THINKING|>` opens reasoning."""
+        return {"reasoning": generation_prompt(template).rstrip().endswith("<|START_THINKING|>")}

@@ -1,0 +1,262 @@
+"""The `gemma` dialect: Gemma 4 `<|tool_call>call:NAME{...}<tool_call|>` calls whose arguments
+are Gemma's JSON dialect, unquoted keys and strings between `<|"|>` tokens (gemma.peg).
+
+The strict grammar is written from each tool's schema here (`GemmaValues`): keys in sorted order
+as the template writes them, strings raw between the delimiters (a constrained string's schema
+applies to that text), numbers and booleans as JSON, null as `null` or Python's `None` (which the
+template writes), arrays and objects recursively
+(objects take their declared properties only; a schema without properties any members).
+`allOf`, `not`, `if` and `patternProperties` have no Gemma form here: such a tool is refused
+with a clear error. Parsed values are converted to JSON (`read_value`; Python's `None`, `True`
+read too). ``reasoning`` is detected from the output: the model writes
+`<|channel>thought...<channel|>` when the template's ``enable_thinking`` is on (its prompt
+otherwise closes an empty channel itself); a request's ``enable_thinking: false`` turns it off.
+
+Prompts come from the model's template.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from pegmask.dialects.base import (
+    TurnDialect,
+    alternatives,
+    peg_literal,
+    raw_string_values,
+    schema_type,
+    separated,
+)
+from pegmask.grammars.ir import json_schema_node
+
+QUOTE = '<|"|>'
+_Q = "Q"  # the rule of the delimiter token
+_PROBE_CALL = re.compile(r"<\|tool_call>call:pegmask_probe\{pegmask_arg:")
+_UNSUPPORTED = ("allOf", "not", "if", "patternProperties")
+
+
+class GemmaValues:
+    """PEG rules of the Gemma-style values a JSON Schema allows, named `<prefix>_<n>`, and the
+    JSON Schema nodes (numbers, constrained strings) they use."""
+
+    def __init__(self, prefix: str, root: dict[str, Any]):
+        self.prefix = prefix
+        self.rules: list[str] = []
+        self.schemas: dict[str, Any] = {}
+        self.defs = {**root.get("definitions", {}), **root.get("$defs", {})}
+        self.refs: dict[str, str] = {}
+
+    def _json(self, schema: dict[str, Any], **options: Any) -> str:
+        name = f"{self.prefix}_s{len(self.schemas)}"
+        self.schemas[name] = json_schema_node({**schema, **self.defs_of(schema)}, **options)
+        return f"json({name})"
+
+    def defs_of(self, schema: dict[str, Any]) -> dict[str, Any]:
+        return {"$defs": self.defs} if self.defs and "$ref" in json.dumps(schema) else {}
+
+    def string(self, schema: dict[str, Any]) -> str:
+        """The text between the delimiters: any, one of an enum, or the schema's raw text."""
+        values = raw_string_values(schema)
+        if values == []:
+            return "raw"
+        if values is not None:
+            return alternatives([peg_literal(v) for v in values])
+        return self._json(schema, raw_until=QUOTE)
+
+    def value(self, schema: Any) -> str:
+        if schema is True or schema == {}:
+            return "gvalue"
+        if not isinstance(schema, dict):
+            raise ValueError(f"gemma: the schema {schema!r} allows no value")
+        unsupported = [key for key in _UNSUPPORTED if key in schema]
+        if unsupported:
+            raise ValueError(f"gemma: {unsupported[0]} has no Gemma-style form")
+        if "$ref" in schema:
+            return self.ref(schema["$ref"])
+        if "const" in schema or "enum" in schema:
+            values = [schema["const"]] if "const" in schema else schema["enum"]
+            return alternatives([literal(v) for v in values])
+        for key in ("anyOf", "oneOf"):
+            if key in schema:
+                rest = {k: v for k, v in schema.items() if k != key}
+                return alternatives([self.value({**rest, **sub} if isinstance(sub, dict) else sub)
+                                     for sub in schema[key]])
+        kind = schema.get("type")
+        if isinstance(kind, list):
+            return alternatives([self.value({**schema, "type": k}) for k in kind])
+        if kind is None:
+            kind = "object" if "properties" in schema else "array" if "items" in schema else None
+        if kind == "string":
+            return f"{_Q} {self.string(schema)} {_Q}"
+        if kind == "null":  # the template writes Python's None
+            return '("null" | "None")'
+        if kind in ("integer", "number", "boolean"):
+            return self._json(schema)
+        if kind == "array":
+            return self.array(schema)
+        if kind == "object":
+            return self.object(schema)
+        return "gvalue"
+
+    def ref(self, ref: str) -> str:
+        if ref not in self.refs:
+            target = ref.rsplit("/", 1)[-1]
+            if not ref.startswith("#/") or target not in self.defs:
+                raise ValueError(f"gemma: cannot resolve $ref {ref!r}")
+            name = f"{self.prefix}_r{len(self.refs)}"
+            self.refs[ref] = name
+            self.rules.append(f"{name} = {self.value(self.defs[target])}")
+        return self.refs[ref]
+
+    def array(self, schema: dict[str, Any]) -> str:
+        item = self.value(schema.get("items", True))
+        low, high = int(schema.get("minItems", 0)), schema.get("maxItems")
+        if high == 0:
+            return '"[" gws "]"'
+        more = f"(gsep {item}){{{max(low - 1, 0)},{'' if high is None else int(high) - 1}}}"
+        items = f"{item} {more}"
+        return f'"[" gws {items if low else f"({items})?"} gws "]"'
+
+    def object(self, schema: dict[str, Any]) -> str:
+        properties = schema.get("properties")
+        if not isinstance(properties, dict) or not properties:
+            return '"{" gws "}"' if schema.get("additionalProperties") is False else "gobject"
+        required = set(schema.get("required") or ())
+        members = []
+        for key in sorted(properties):
+            name = f"{self.prefix}_{len(self.rules)}"
+            self.rules.append(f'{name} = {peg_literal(key)} gws ":" gws '
+                              f"{self.value(properties[key])}")
+            members.append((name, key in required))
+        return f'"{{" gws {in_order(members, "gsep")} gws "}}"'
+
+
+def in_order(items: list[tuple[str, bool]], sep: str) -> str:
+    """The items (rule, required) in their order, the optional ones each at most once, joined
+    by `sep` (Gemma writes keys sorted, required or not)."""
+    required = [i for i, (_, needed) in enumerate(items) if needed]
+    if not required:
+        return separated([], [rule for rule, _ in items], sep)
+    first = required[0]
+    parts = [f"({rule} {sep})?" for rule, _ in items[:first]] + [items[first][0]]
+    parts += [f"{sep} {rule}" if needed else f"({sep} {rule})?"
+              for rule, needed in items[first + 1:]]
+    return "(" + " ".join(parts) + ")"
+
+
+def literal(value: Any) -> str:
+    """A JSON value as the PEG of its Gemma spelling."""
+    if isinstance(value, str):
+        return f"{_Q} {peg_literal(value)} {_Q}"
+    if isinstance(value, list):
+        items = ' "," '.join(literal(item) for item in value)
+        return f'"[" {items} "]"'
+    if isinstance(value, dict):
+        members = ' "," '.join(f'{peg_literal(k)} ":" {literal(v)}' for k, v in
+                               sorted(value.items()))
+        return f'"{{" {members} "}}"'
+    return peg_literal(json.dumps(value))
+
+
+class GemmaDialect(TurnDialect):
+    name = "gemma"
+    peg_file = "gemma.peg"
+    raw_until = QUOTE
+
+    def substitutions(self, strict: bool) -> dict[str, str]:
+        return {"gws": '""' if strict else "[ \\t\\r\\n]*"}
+
+    def param_rules(self, sections: dict[str, str], index: int, schema: dict[str, Any],
+                    grammar_of: Callable[[Any], Any]) -> tuple[str, str, dict[str, Any]]:
+        """One `key:value` rule per declared property, in sorted order: strings captured raw
+        between the delimiters, other values as Gemma text converted after parsing."""
+        properties = schema.get("properties")
+        if not isinstance(properties, dict) or not properties:
+            return "", "any_params", {}
+        values = GemmaValues(f"g_{index}", schema)
+        required = set(schema.get("required") or ())
+        text, members = "", []
+        for j, key in enumerate(sorted(properties)):
+            sub = properties[key]
+            head = f'@param:(@key:{peg_literal(key)} ":" '
+            if schema_type(sub) == "string" and not any(k in sub for k in ("anyOf", "oneOf")):
+                body = f"{_Q} @string:{values.string(sub)} {_Q})"
+            else:
+                body = f"@gemma:({values.value(sub)}))"
+            text += f"p_{index}_{j} = {head}{body}\n"
+            members.append((f"p_{index}_{j}", key in required))
+        text += "".join(rule + "\n" for rule in values.rules)
+        return text, in_order(members, "gsep"), values.schemas
+
+    @classmethod
+    def owns_template(cls, template: str, renderings: Sequence[str]) -> bool:
+        """`<|tool_call>call:NAME{key:...}`."""
+        return any(_PROBE_CALL.search(text) for text in renderings)
+
+
+
+# ------------------------------------------------------------------------------ reading values
+def read_value(text: str) -> Any:
+    """The JSON value of a Gemma-style value (ValueError if it is none)."""
+    value, end = _read(text, _skip(text, 0))
+    if _skip(text, end) != len(text):
+        raise ValueError(f"trailing text in a Gemma value: {text[end:]!r}")
+    return value
+
+
+_SCALARS = {"true": True, "false": False, "null": None, "True": True, "False": False,
+            "None": None}
+
+
+def _skip(text: str, i: int) -> int:
+    while i < len(text) and text[i] in " \t\r\n":
+        i += 1
+    return i
+
+
+def _read(text: str, i: int) -> tuple[Any, int]:
+    if text.startswith(QUOTE, i):
+        end = text.index(QUOTE, i + len(QUOTE))
+        return text[i + len(QUOTE):end], end + len(QUOTE)
+    if text.startswith("[", i):
+        return _read_items(text, _skip(text, i + 1), "]", lambda j: _read(text, j))
+    if text.startswith("{", i):
+        members, end = _read_items(text, _skip(text, i + 1), "}", lambda j: _member(text, j))
+        return dict(members), end
+    match = re.compile(r"[^,\]}\s]+").match(text, i)
+    if not match:
+        raise ValueError(f"no Gemma value at {text[i:]!r}")
+    word = match.group()
+    return (_SCALARS[word] if word in _SCALARS else json.loads(word)), match.end()
+
+
+def _member(text: str, i: int) -> tuple[tuple[str, Any], int]:
+    if text.startswith(QUOTE, i):
+        key, i = _read(text, i)
+    else:
+        end = text.index(":", i)
+        key, i = text[i:end].strip(), end
+    i = _skip(text, i)
+    if not text.startswith(":", i):
+        raise ValueError(f"':' expected in a Gemma object at {text[i:]!r}")
+    value, i = _read(text, _skip(text, i + 1))
+    return (key, value), i
+
+
+def _read_items(text: str, i: int, close: str,
+                item: Callable[[int], tuple[Any, int]]) -> tuple[list[Any], int]:
+    items: list[Any] = []
+    if text.startswith(close, i):
+        return items, i + 1
+    while True:
+        value, i = item(i)
+        items.append(value)
+        i = _skip(text, i)
+        if text.startswith(close, i):
+            return items, i + 1
+        if not text.startswith(",", i):
+            raise ValueError(f"',' or {close!r} expected at {text[i:]!r}")
+        i = _skip(text, i + 1)
