@@ -345,3 +345,28 @@ def test_noise_writes_every_dialects_calls(noise_engine: Engine, dialect: str) -
             assert call["function"]["name"] == "lookup"
             jsonschema.validate(json.loads(call["function"]["arguments"]),
                                 NOISE_TOOL["function"]["parameters"])
+
+
+def test_an_unknown_dialect_serves_plain_chats(caplog: pytest.LogCaptureFixture) -> None:
+    """A template whose tool-call format no dialect claims: chats are plain text, tools a 400
+    naming them, response formats still constrain the answer."""
+    template = (TEMPLATES / "unsloth-Apriel-1.5.jinja").read_text()
+    with caplog.at_level("WARNING", logger="pegmask.engine"):
+        engine = Engine(chat_template=template, prewarm=False)
+    assert engine.dialect_name == "unknown" and engine.dialect is None
+    assert "tools are refused" in caplog.text
+    chat = [{"role": "user", "content": "Name a colour."}]
+    result = engine.generate(chat, max_tokens=8, seed=0)
+    assert result.message["tool_calls"] == [] and result.usage["completion_tokens"] > 0
+    with pytest.raises(InvalidRequestError) as caught:
+        engine.generate(chat, tools=[{"type": "function", "function": {"name": "f"}}])
+    assert caught.value.param == "tools"
+    answer = engine.generate(chat, max_tokens=8, response_format={
+        "type": "choice", "choice": ["red", "green"]})
+    assert answer.message["content"] in ("red", "green")
+    colour = engine.generate(chat, max_tokens=24, response_format={
+        "type": "json_schema", "json_schema": {"name": "c", "schema": {
+            "type": "object", "properties": {"colour": {"type": "string", "maxLength": 8}},
+            "required": ["colour"], "additionalProperties": False}}})
+    assert set(json.loads(colour.message["content"])) == {"colour"}
+    engine.close()
