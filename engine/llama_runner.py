@@ -119,7 +119,11 @@ class LlamaWeights:
             positions = torch.arange(self.context, device=self.device)[None]
             probe = torch.zeros(1, dtype=self.dtype, device=self.device)
             cos, sin = decoder.rotary_emb(probe, positions)
-        self.cos, self.sin = cos[0].to(self.dtype), sin[0].to(self.dtype)  # (context, head_dim)
+        # RoPE as x * cos + roll(x, half) * sin_signed: rotate_half(x) is roll(x, half) with
+        # its first half negated, so the sign goes into the table (one op less per layer).
+        half = self.head_dim // 2
+        self.cos = cos[0].to(self.dtype)  # (context, head_dim)
+        self.sin_signed = torch.cat((-sin[0, :, :half], sin[0, :, half:]), dim=-1).to(self.dtype)
 
     @staticmethod
     def _layer(layer: Any, packed: bool) -> _Layer:
@@ -147,11 +151,11 @@ class LlamaRunner:
         self.weights = weights
         self.device = weights.device
         self.logits_width = weights.logits_width
-        # The cache: per layer (slots, kv_heads, time, head_dim), grown by doubling.
+        # The cache: per layer, keys and values (2, slots, kv_heads, time, head_dim), grown by
+        # doubling; one write per layer stores a step's keys and values together.
         self._slots_cap = 0
         self._time_cap = 0
-        self._k: torch.Tensor = torch.empty(0)
-        self._v: torch.Tensor = torch.empty(0)
+        self._kv: torch.Tensor = torch.empty(0)
         self._seqs: list[int] = []  # the sequence in each live slot (live slots are a prefix)
         self._slot: dict[int, int] = {}
         self._lengths: list[int] = []
@@ -173,8 +177,7 @@ class LlamaRunner:
         source = self._slot[seq]
         new = self.add()
         slot, length = self._slot[new], self._lengths[source]
-        self._k[:, slot, :, :length] = self._k[:, source, :, :length]
-        self._v[:, slot, :, :length] = self._v[:, source, :, :length]
+        self._kv[:, :, slot, :, :length] = self._kv[:, :, source, :, :length]
         self._lengths[slot] = length
         return new
 
@@ -186,8 +189,7 @@ class LlamaRunner:
         last = len(self._seqs) - 1
         if slot != last:  # the last slot moves into the hole
             length = self._lengths[last]
-            self._k[:, slot, :, :length] = self._k[:, last, :, :length]
-            self._v[:, slot, :, :length] = self._v[:, last, :, :length]
+            self._kv[:, :, slot, :, :length] = self._kv[:, :, last, :, :length]
             moved = self._seqs[last]
             self._seqs[slot], self._lengths[slot] = moved, length
             self._slot[moved] = slot
@@ -210,14 +212,12 @@ class LlamaRunner:
         new_time = self._time_cap
         if time > self._time_cap:
             new_time = min(w.context, max(time, 2 * self._time_cap, 256))
-        shape = (len(w.layers), new_slots, w.kv_heads, new_time, w.head_dim)
-        k = torch.zeros(shape, dtype=w.dtype, device=self.device)
-        v = torch.zeros(shape, dtype=w.dtype, device=self.device)
+        shape = (len(w.layers), 2, new_slots, w.kv_heads, new_time, w.head_dim)
+        kv = torch.zeros(shape, dtype=w.dtype, device=self.device)
         if self._slots_cap and self._time_cap:
             live, longest = len(self._seqs), max(self._lengths, default=0)
-            k[:, :live, :, :longest] = self._k[:, :live, :, :longest]
-            v[:, :live, :, :longest] = self._v[:, :live, :, :longest]
-        self._k, self._v = k, v
+            kv[:, :, :live, :, :longest] = self._kv[:, :, :live, :, :longest]
+        self._kv = kv
         self._slots_cap, self._time_cap = new_slots, new_time
 
     # ----------------------------------------------------------------- forward
@@ -236,7 +236,7 @@ class LlamaRunner:
         position = torch.tensor([p for s, n in zip(starts, sizes, strict=True)
                                  for p in range(s, s + n)], dtype=torch.long)
         tokens, slot_of_token, position = (t.to(device) for t in (tokens, slot_of_token, position))
-        cos, sin = w.cos[position][:, None], w.sin[position][:, None]
+        cos, sin = w.cos[position][:, None], w.sin_signed[position][:, None]
         plan = _AttentionPlan(slots, starts, sizes, len(self._seqs), device)
 
         x = F.embedding(tokens, w.embed)
@@ -248,16 +248,17 @@ class LlamaRunner:
             qkv = layer.qkv(h)
             q = qkv[:, : heads * dim].view(count, heads, dim)
             k = qkv[:, heads * dim : (heads + kv_heads) * dim].view(count, kv_heads, dim)
-            v = qkv[:, (heads + kv_heads) * dim :].view(count, kv_heads, dim)
             if layer.q_norm is not None:
-                q = F.rms_norm(q, (dim,), layer.q_norm, eps)
-                k = F.rms_norm(k, (dim,), layer.k_norm, eps)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
-            cache_k, cache_v = self._k[index], self._v[index]
-            cache_k[slot_of_token, :, position] = k
-            cache_v[slot_of_token, :, position] = v
-            attended = plan.attend(q, cache_k, cache_v, scale)
+                q.copy_(F.rms_norm(q, (dim,), layer.q_norm, eps))
+                k.copy_(F.rms_norm(k, (dim,), layer.k_norm, eps))
+            # RoPE on q and k at once, in place (they are adjacent in qkv).
+            qk = qkv[:, : (heads + kv_heads) * dim].view(count, heads + kv_heads, dim)
+            turned = qk.roll(dim // 2, dims=-1)
+            qk.mul_(cos).addcmul_(turned, sin)
+            cache = self._kv[index]
+            cache[:, slot_of_token, :, position] = qkv[:, heads * dim :].view(
+                count, 2, kv_heads, dim)
+            attended = plan.attend(q, cache[0], cache[1], scale)
             x = x + layer.out(attended.reshape(count, heads * dim))
             h = F.rms_norm(x, (x.shape[-1],), layer.mlp_norm, eps)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)
@@ -267,11 +268,6 @@ class LlamaRunner:
         last = torch.tensor(plan.last_rows, dtype=torch.long, device=device)
         h = F.rms_norm(x[last], (x.shape[-1],), w.norm, eps)
         return w.lm_head(h).float()
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 class _AttentionPlan:
