@@ -158,7 +158,8 @@ class Engine:
     once and `max_queued` requests wait for room (more: `QueueFullError`); `prefill_chunk` bounds
     the prompt tokens of one step; `request_timeout_s` bounds a request's time. `fp16_weights`
     (llama-family models on the CPU; None picks it there): see engine/llama_runner.py.
-    `strict_tool_arguments` closes tool parameter objects that do not say
+    `max_model_len` bounds a request's prompt and output tokens together (default: the
+    model's context). `strict_tool_arguments` closes tool parameter objects that do not say
     `additionalProperties` (False: plain JSON Schema). `prewarm` pays the process's one-time
     grammar costs now rather than in the first request.
     """
@@ -177,9 +178,15 @@ class Engine:
         request_timeout_s: float | None = None,
         fp16_weights: bool | None = None,
         strict_tool_arguments: bool = True,
+        max_model_len: int | None = None,
         prewarm: bool = True,
     ):
         self.backend: ModelBackend = load_backend(model, device=device, dtype=dtype)
+        context = self.backend.context_length
+        if max_model_len is not None and not 0 < max_model_len <= context:
+            raise ValueError(f"max_model_len must be between 1 and the model's context "
+                             f"({context}), not {max_model_len}")
+        self.max_model_len = max_model_len or context
         self.vocab: Vocabulary = self.backend.vocab
         self.chat_template = chat_template or self.backend.chat_template
         name = detect_dialect(self.chat_template) if dialect == "auto" else dialect
@@ -333,11 +340,11 @@ class Engine:
                 prompt_text = None
         else:
             prompt_ids = self.backend.encode(request.prompt, add_special_tokens=True)
-        room = self.backend.context_length - len(prompt_ids)
+        room = self.max_model_len - len(prompt_ids)
         if room <= 0:
             raise InvalidRequestError(
-                f"the prompt has {len(prompt_ids)} tokens; the model's context is "
-                f"{self.backend.context_length}",
+                f"the prompt has {len(prompt_ids)} tokens; this engine takes at most "
+                f"{self.max_model_len} prompt and output tokens",
                 "messages" if request.is_chat else "prompt",
             )
         sampling = request.sampling

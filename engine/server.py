@@ -40,7 +40,7 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [
             {"id": name, "object": "model", "created": 0, "owned_by": "pegmask",
-             "max_model_len": engine.backend.context_length}
+             "max_model_len": engine.max_model_len}
             for name in context.model_names
         ]}
 

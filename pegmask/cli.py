@@ -108,6 +108,9 @@ def _model_options(parser: argparse.ArgumentParser) -> None:
                         help="sequences decoding at once (default 32)")
     parser.add_argument("--max-queued", type=int, default=256,
                         help="requests waiting for room (default 256; more: 429)")
+    parser.add_argument("--max-model-len", type=int, default=None,
+                        help="prompt + output tokens of one request at most (default: the "
+                             "model's context)")
     parser.add_argument("--prefill-chunk", type=int, default=256,
                         help="prompt tokens per decode step (default 256)")
     parser.add_argument("--request-timeout", type=float, default=None,
@@ -137,7 +140,8 @@ def _engine(args: argparse.Namespace) -> Any:
     return Engine(args.model, device=args.device, dtype=args.dtype, dialect=args.dialect,
                   max_running=args.max_running, max_queued=args.max_queued,
                   prefill_chunk=args.prefill_chunk, request_timeout_s=args.request_timeout,
-                  strict_tool_arguments=args.strict_tool_arguments)
+                  strict_tool_arguments=args.strict_tool_arguments,
+                  max_model_len=args.max_model_len)
 
 
 def _sampling(args: argparse.Namespace) -> dict[str, Any]:

@@ -370,3 +370,16 @@ def test_an_unknown_dialect_serves_plain_chats(caplog: pytest.LogCaptureFixture)
             "required": ["colour"], "additionalProperties": False}}})
     assert set(json.loads(colour.message["content"])) == {"colour"}
     engine.close()
+
+
+def test_max_model_len_bounds_prompt_and_output() -> None:
+    engine = Engine(max_model_len=40, prewarm=False)
+    long_chat = [{"role": "user", "content": "word " * 60}]
+    with pytest.raises(InvalidRequestError) as caught:
+        engine.generate(long_chat, max_tokens=4)
+    assert caught.value.param == "messages" and "at most 40" in str(caught.value)
+    result = engine.generate("One two three", max_tokens=500, ignore_eos=True, seed=0)
+    assert result.usage["total_tokens"] == 40 and result.finish_reason == "length"
+    with pytest.raises(ValueError, match="max_model_len"):
+        Engine(max_model_len=10**9, prewarm=False)
+    engine.close()
