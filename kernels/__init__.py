@@ -1,83 +1,48 @@
 """pegmask.kernels: token bitmasks (allocation, packing) and applying them to logits.
 
-`apply_token_bitmask_inplace` runs the triton kernel on CUDA tensors and a torch/numpy path
-elsewhere; triton is imported only when a CUDA tensor arrives, so CPU-only installs work.
+`apply_token_bitmask_inplace` runs the triton kernel on CUDA tensors and a torch path elsewhere.
 """
 
-from __future__ import annotations
+if __name__ == "kernels":
+    # This folder was imported as the top-level `kernels`: the repository root is on sys.path
+    # (`python -m ...`, `python -c` or a script run in a checkout). That name belongs to the PyPI
+    # package transformers imports (`from kernels import ...`), so the installed one takes this
+    # module's place. Without one, the module stays empty, as if `kernels` were not installed.
+    import importlib.machinery
+    import importlib.util
+    import os
+    import sys
 
-import functools
-import importlib.util
-from collections.abc import Sequence
+    _root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    _path = [p for p in sys.path if os.path.abspath(p or os.curdir) != _root]
+    _spec = importlib.machinery.PathFinder.find_spec(__name__, _path)
+    if _spec is not None and _spec.loader is not None:
+        _installed = importlib.util.module_from_spec(_spec)
+        sys.modules[__name__] = _installed
+        try:
+            _spec.loader.exec_module(_installed)
+        except BaseException:
+            del sys.modules[__name__]
+            raise
+else:
+    from pegmask.kernels.apply import apply_token_bitmask_inplace
+    from pegmask.kernels.bitmask import (
+        BITMASK_DTYPE,
+        allocate_token_bitmask,
+        bitmask_words,
+        pack_bool_mask,
+        reset_token_bitmask,
+        unpack_bitmask,
+    )
+    from pegmask.kernels.sampling import sample_masked
 
-import torch
-
-from pegmask.kernels.bitmask import (
-    BITMASK_DTYPE,
-    allocate_token_bitmask,
-    apply_token_bitmask_torch,
-    bitmask_words,
-    effective_vocab_size,
-    pack_bool_mask,
-    reset_token_bitmask,
-    unpack_bitmask,
-)
-from pegmask.kernels.sampling import sample_masked
-
-__all__ = [
-    "BITMASK_DTYPE",
-    "allocate_token_bitmask",
-    "apply_token_bitmask_inplace",
-    "bitmask_words",
-    "pack_bool_mask",
-    "reset_token_bitmask",
-    "sample_masked",
-    "unpack_bitmask",
-]
-
-
-def apply_token_bitmask_inplace(
-    logits: torch.Tensor,
-    bitmask: torch.Tensor,
-    indices: Sequence[int] | torch.Tensor | None = None,
-    vocab_size: int | None = None,
-) -> None:
-    """Set the logits of masked-out tokens to -inf, in place, with xgrammar's semantics.
-
-    `logits` is `(batch, width)` or `(width,)`; `bitmask` is int32 `(rows, words)` or `(words,)`
-    on the same device. Only the first `vocab_size` columns are touched: by default
-    `min(width, 32 * words)`, with a warning when the mask is the narrower one, since trailing
-    logits then stay unmasked. `indices` selects the rows to mask (logits row i with bitmask
-    row i), so constrained and free requests can share a batch; the batch sizes then may differ.
-    """
-    if logits.device != bitmask.device:
-        raise ValueError(f"logits on {logits.device} but bitmask on {bitmask.device}")
-    if bitmask.dtype != BITMASK_DTYPE:
-        raise ValueError(f"bitmask must be int32, got {bitmask.dtype}")
-    if not logits.is_floating_point():
-        raise ValueError(f"logits must be floating point, got {logits.dtype}")
-    if logits.dim() not in (1, 2) or bitmask.dim() not in (1, 2):
-        raise ValueError("logits and bitmask must be 1-D or 2-D")
-    logits_2d = logits.unsqueeze(0) if logits.dim() == 1 else logits
-    bitmask_2d = bitmask.unsqueeze(0) if bitmask.dim() == 1 else bitmask
-    size = effective_vocab_size(logits_2d, bitmask_2d, vocab_size)
-    rows = None if indices is None else [int(i) for i in indices]
-    if rows is None:
-        if bitmask_2d.shape[0] < logits_2d.shape[0]:
-            raise ValueError(
-                f"{logits_2d.shape[0]} logits rows but only {bitmask_2d.shape[0]} bitmask rows"
-            )
-    elif rows and not 0 <= min(rows) <= max(rows) < min(logits_2d.shape[0], bitmask_2d.shape[0]):
-        raise ValueError(f"indices {rows} out of range for the logits or the bitmask")
-    if logits_2d.is_cuda and _triton_available():
-        from pegmask.kernels.triton_apply import apply_token_bitmask_triton
-
-        apply_token_bitmask_triton(logits_2d, bitmask_2d, size, rows)
-    else:
-        apply_token_bitmask_torch(logits_2d, bitmask_2d, size, rows)
-
-
-@functools.cache
-def _triton_available() -> bool:
-    """Whether triton can be imported (it ships with torch's CUDA wheels on Linux only)."""
-    return importlib.util.find_spec("triton") is not None
+    __all__ = [
+        "BITMASK_DTYPE",
+        "allocate_token_bitmask",
+        "apply_token_bitmask_inplace",
+        "bitmask_words",
+        "pack_bool_mask",
+        "reset_token_bitmask",
+        "sample_masked",
+        "unpack_bitmask",
+    ]

@@ -3,8 +3,10 @@ the masked sampler, checked against xgrammar's own CPU implementation."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import os
+import pathlib
 import subprocess
 import sys
 import textwrap
@@ -390,3 +392,30 @@ def test_sampling_rejects_rows_with_nothing_allowed() -> None:
     for temperature in (0.0, 1.0):
         with pytest.raises(ValueError, match="no allowed token"):
             sample_masked(logits, temperature)
+
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def test_the_kernels_folder_never_shadows_the_kernels_package() -> None:
+    """Run in a checkout (`python -c`: the repository root first on sys.path), `import kernels`
+    is the PyPI package transformers imports, or an empty module where it is not installed, and
+    transformers' models import either way."""
+    program = (
+        "import kernels, pegmask.kernels\n"
+        "from transformers import LlamaConfig\n"
+        "print(kernels.__file__, hasattr(kernels, 'allocate_token_bitmask'))\n"
+        "print(pegmask.kernels.__file__)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", program], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    top_level, has_our_api, ours = proc.stdout.split()
+    assert pathlib.Path(ours).resolve() == REPO_ROOT / "kernels" / "__init__.py"
+    assert has_our_api == "False"
+    try:
+        importlib.metadata.version("kernels")
+    except importlib.metadata.PackageNotFoundError:
+        return
+    assert pathlib.Path(top_level).resolve().parent != REPO_ROOT / "kernels"
