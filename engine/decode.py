@@ -280,12 +280,13 @@ class Row:
         return need
 
     def _completion_count(self, fits: int) -> int | None:
-        """The fewest tokens that complete the grammar, or None when it surely is at most
-        `fits` (the distance in symbols bounds it and is cheaper) or cannot be completed."""
+        """The fewest tokens that complete the grammar, None where nothing completes it. Where
+        the distance in symbols (which bounds the count and is cheaper) is at most `fits`, that
+        distance stands in for the count: the completion surely fits."""
         matcher = self.matcher
         distance = matcher.completion_distance()
         if distance is None or distance <= fits:
-            return None
+            return distance
         return matcher.completion_token_count()
 
     # ----------------------------------------------------------------- sampling
@@ -331,7 +332,9 @@ class Row:
         matcher = self.matcher
         for _ in range(_REDRAWS):
             count = self._completion_count(self.room - 1)
-            if count is None or count <= self.room - 1:
+            # None: the token led where nothing completes the grammar; taken back like one
+            # whose completion does not fit.
+            if count is not None and count <= self.room - 1:
                 return token
             matcher.rollback(1)
             plan = matcher.completion_tokens()

@@ -237,9 +237,15 @@ class Engine:
 
     def prewarm(self) -> None:
         """Compile a tool-call grammar and walk its first masks: what the first request of a
-        process would otherwise wait for (about 0.5 s of one-time caches)."""
-        request = build_request([{"role": "user", "content": "hi"}], tools=[_PREWARM_TOOL],
-                                tool_choice="required")
+        process would otherwise wait for (about 0.5 s of one-time caches). Without a dialect,
+        the same schema as a response format."""
+        chat = [{"role": "user", "content": "hi"}]
+        if self.dialect is None:
+            schema = _PREWARM_TOOL["function"]["parameters"]
+            request = build_request(chat, response_format={
+                "type": "json_schema", "json_schema": {"name": "prewarm", "schema": schema}})
+        else:
+            request = build_request(chat, tools=[_PREWARM_TOOL], tool_choice="required")
         spec = self.prepare(request)
         if spec.compiled is None:
             return

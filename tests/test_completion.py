@@ -281,8 +281,9 @@ def decode_within(compiled: CompiledGrammar, budget: int, margin: int,
                   rng: random.Random) -> list[int]:
     """Random allowed tokens under the engine's policy: the plain mask while more than
     `margin` tokens are left beyond the plan, the closing mask after that, the plan itself
-    when the budget is the plan. A plain-mask token after which the plan no longer fits is
-    taken back for the plan's first token (the output ends there if the plan is empty)."""
+    when the budget is the plan. A plain-mask token after which the plan no longer fits, or
+    after which nothing completes the grammar, is taken back for the plan's first token (the
+    output ends there if the plan is empty)."""
     matcher = compiled.matcher()
     bitmask = allocate_token_bitmask(1, compiled.vocab.size)
     out: list[int] = []
@@ -306,7 +307,8 @@ def decode_within(compiled: CompiledGrammar, budget: int, margin: int,
         assert matcher.accept_token(token)
         if matcher.stopped:
             break
-        if not closing and matcher.completion_token_count() > remaining - 1:
+        after = matcher.completion_token_count()
+        if not closing and (after is None or after > remaining - 1):
             matcher.rollback(1)
             plan = matcher.completion_tokens()
             if not plan:

@@ -144,8 +144,10 @@ def test_grammar_object_and_jump_forward(engine: Engine) -> None:
 
 
 def test_unsatisfiable_within_max_tokens_ends_with_length(engine: Engine) -> None:
+    """Without closing under the budget (by default such a request is a 400 naming max_tokens:
+    tests/test_close_on_length.py), the output is cut at max_tokens."""
     result = engine.generate("Count:", grammar='root = ("a" | "b"){200}', max_tokens=5,
-                             temperature=1.0, seed=0)
+                             temperature=1.0, seed=0, close_on_length=False)
     assert result.finish_reason == "length"
     assert re.fullmatch("[ab]+", result.text)
     assert len(result.token_ids) == 5
@@ -251,8 +253,9 @@ def test_detect_dialect(template: str, dialect: str) -> None:
 def test_detect_dialect_says_unknown_rather_than_guess() -> None:
     assert detect_dialect("{{ messages }}") == "unknown"
     assert detect_dialect(None) == "unknown"
-    with pytest.raises(ValueError, match="pass dialect="):
-        Engine(chat_template="{{ messages }}")
+    engine = Engine(chat_template="{{ messages }}")  # prewarmed without a tool-call grammar
+    assert engine.dialect_name == "unknown"
+    engine.close()
 
 
 

@@ -37,6 +37,12 @@ FIXED = {
                       "<|channel|> final<|message|> Hello!",
                       "<|channel|> analysis<|message|> plan<|end|><|start|> assistant to=functions."
                       "lookup<|channel|> commentary <|constrain|>  json<|message|> {\"q\": \"x\"}"],
+    "minimax": ['<think>\nplan\n</think>\n\nOk.\n<minimax:tool_call>\n<invoke name="lookup">\n'
+                '<parameter name="q">x</parameter>\n</invoke>\n</minimax:tool_call>'],
+    "seed-oss": ["<seed:think>plan</seed:think>Ok.<seed:tool_call>\n<function=lookup>\n"
+                 "<parameter=q>x</parameter>\n</function>\n</seed:tool_call>"],
+    "mimo": ["<think>plan</think>Ok.<tool_call><function=lookup><parameter=q>x</parameter>"
+             "</function></tool_call>"],
 }
 
 
@@ -80,7 +86,8 @@ def split(dialect: str, text: str, cuts: list[int]) -> tuple[str, bool, str]:
 def test_samples_cover_reasoning_and_calls(dialect: str) -> None:
     messages = [dialect_named(dialect).parse(text) for text in _OUTPUTS[dialect]]
     assert len(messages) >= 10
-    assert any(m["reasoning_content"] for m in messages), dialect
+    if dialect_named(dialect).reasoning_mode(None) is not False:  # the family reasons by default
+        assert any(m["reasoning_content"] for m in messages), dialect
     assert any(m["tool_calls"] for m in messages), dialect
 
 

@@ -47,6 +47,12 @@ def constraints(smollm2: ModelBackend) -> Constraints:
     return Constraints(model_vocabulary(smollm2.model, smollm2.tokenizer))
 
 
+def pad_id(backend: ModelBackend) -> int:
+    """The id `generate` pads finished rows with: the tokenizer's pad token, else its EOS."""
+    tokenizer = backend.tokenizer
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
 def chat_batch(backend: ModelBackend, prompts: list[str]) -> dict[str, torch.Tensor]:
     tokenizer = backend.tokenizer
     tokenizer.padding_side = "left"
@@ -84,7 +90,7 @@ def test_greedy_batch_mixes_a_schema_a_regex_and_a_free_row(
         user(smollm2, "Write a phone number."),
         user(smollm2, "What is the capital of France?"),
     ])
-    options = {"max_new_tokens": 32, "do_sample": False, "pad_token_id": smollm2.pad_id}
+    options = {"max_new_tokens": 32, "do_sample": False, "pad_token_id": pad_id(smollm2)}
     processor = PegmaskLogitsProcessor(constraints, [{"json_schema": PERSON},
                                                      {"regex": PHONE}, None])
     masked = smollm2.model.generate(**batch, logits_processor=[processor], **options)
@@ -111,7 +117,7 @@ def test_tool_call_under_the_hermes_grammar_with_sampling(
     torch.manual_seed(0)
     sequences = smollm2.model.generate(
         **batch, logits_processor=[processor], max_new_tokens=60, do_sample=True,
-        temperature=1.0, num_return_sequences=2, pad_token_id=smollm2.pad_id)
+        temperature=1.0, num_return_sequences=2, pad_token_id=pad_id(smollm2))
     assert len(processor.rows) == 2  # one matcher per returned sequence, one constraint
     for ids, ended in outputs(smollm2, batch, sequences):
         assert ended, smollm2.tokenizer.decode(ids)
@@ -131,7 +137,7 @@ def test_beam_search_keeps_every_beam_in_the_grammar(
     processor = PegmaskLogitsProcessor(constraints, {"regex": PHONE})
     sequences = smollm2.model.generate(
         **batch, logits_processor=[processor], max_new_tokens=12, num_beams=3,
-        num_return_sequences=3, do_sample=False, pad_token_id=smollm2.pad_id)
+        num_return_sequences=3, do_sample=False, pad_token_id=pad_id(smollm2))
     texts = [smollm2.tokenizer.decode(ids) for ids, _ in outputs(smollm2, batch, sequences)]
     assert len(set(texts)) == 3
     for text in texts:
@@ -147,7 +153,7 @@ def noise_model(smollm2: ModelBackend) -> tuple[torch.nn.Module, Vocabulary]:
     config = LlamaConfig(vocab_size=smollm2.logits_width, hidden_size=32, intermediate_size=64,
                          num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
                          max_position_embeddings=512, eos_token_id=smollm2.vocab.eos_ids[0],
-                         pad_token_id=smollm2.pad_id)
+                         pad_token_id=pad_id(smollm2))
     model = LlamaForCausalLM(config).eval()
     return model, model_vocabulary(model, smollm2.tokenizer)
 
@@ -165,7 +171,7 @@ def test_noise_rows_with_different_grammars_stay_inside_them(
         torch.manual_seed(seed)
         sequences = model.generate(**batch, logits_processor=[processor], max_new_tokens=80,
                                    do_sample=True, temperature=1.0, top_k=0,
-                                   pad_token_id=smollm2.pad_id)
+                                   pad_token_id=pad_id(smollm2))
         rows = outputs(smollm2, batch, sequences)
         for spec, (ids, ended) in zip(specs, rows, strict=True):
             if spec is None or not ended:
@@ -207,12 +213,12 @@ def test_a_token_outside_the_grammar_is_an_error_not_ignored(
     processor = PegmaskLogitsProcessor(constraints, {"regex": PHONE})
     with pytest.raises(ValueError, match=r"row 0: token \d+ \('x'\) is outside the grammar"):
         smollm2.model.generate(**batch, logits_processor=[processor, ForceToken(letter)],
-                               max_new_tokens=4, do_sample=False, pad_token_id=smollm2.pad_id)
+                               max_new_tokens=4, do_sample=False, pad_token_id=pad_id(smollm2))
 
 
 def test_misuse_gets_clear_errors(smollm2: ModelBackend, constraints: Constraints) -> None:
     batch = chat_batch(smollm2, [user(smollm2, "Hi."), user(smollm2, "Hello.")])
-    options = {"max_new_tokens": 2, "do_sample": False, "pad_token_id": smollm2.pad_id}
+    options = {"max_new_tokens": 2, "do_sample": False, "pad_token_id": pad_id(smollm2)}
     processor = PegmaskLogitsProcessor(constraints, [{"regex": PHONE}] * 3)
     with pytest.raises(ValueError, match="3 constraints for a batch of 2 rows"):
         smollm2.model.generate(**batch, logits_processor=[processor], **options)
