@@ -256,7 +256,7 @@ def m3_calls(calls: Sequence[ToolCall]) -> str:
     """A turn's calls as one `<tool_call>` block (raw, non-object arguments written as is)."""
     invokes = "".join(
         f'{NS}<invoke name="{call.name}">'
-        + (call.arguments if isinstance(call.arguments, str) else m3_text(call.arguments) or "\n")
+        + (call.arguments if isinstance(call.arguments, str) else m3_text(call.arguments))
         + f"{NS}</invoke>\n" for call in calls)
     return f"{NS}<tool_call>\n{invokes}{NS}</tool_call>"
 
