@@ -47,8 +47,9 @@ Capture tags a dialect grammar reports (everything else is framing):
 * ``call``: one tool call; inside it ``name`` (raw text) or ``name_json`` (a JSON string
   literal), and either ``arguments`` (the JSON arguments text) or ``param`` captures, each with
   ``key`` and one value: ``string`` (raw text, a JSON string), ``json`` (JSON text), ``value``
-  (raw text typed by the tool schema, or guessed when there is none) or ``gemma`` (Gemma's JSON
-  dialect, `pegmask.dialects.gemma.read_value`).
+  (raw text typed by the tool schema, or guessed when there is none) or a family syntax of
+  `VALUE_READERS` (``gemma``: Gemma's JSON dialect, ``m3``: MiniMax M3's XML, ``cofl``:
+  Cohere's XML), read by that family's reader.
 
 Streaming and whole parsing agree for every chunking: input is fed to the grammar parser one
 character (text) or one token (ids) at a time, so what is certain when an error shows up does not
@@ -63,6 +64,8 @@ from __future__ import annotations
 
 import ast
 import codecs
+import functools
+import importlib
 import json
 import math
 import random
@@ -342,7 +345,6 @@ class TurnDialect(Dialect):
     PRELUDE: ClassVar[str] = (
         "ws   = $ws\n"
         "text = word ([ \\t\\r\\n]+ word)*\n"
-        "word = [^ \\t\\r\\n]+\n"
     )
 
     def grammar_source(self, request: ChatRequest, strict: bool) -> tuple[str, dict[str, Any]]:
@@ -363,7 +365,23 @@ class TurnDialect(Dialect):
         if answer_schema is not None:
             schemas["response"] = answer_schema
         prelude = fill(self.PRELUDE, ws=self.STRICT_WS if strict else "[ \\t\\r\\n]*")
-        return prelude + text + extra + root, schemas
+        return prelude + self.word_rule() + text + extra + root, schemas
+
+    #: text a word of content or reasoning never contains: a call block's opening that is
+    #: written as text (not a special token), so text cannot swallow a block written right
+    #: after it (None: words are any non-space text)
+    word_stop: ClassVar[str | None] = None
+
+    def word_rule(self) -> str:
+        """The `word` rule: non-space text, without `word_stop` (a word starting with its first
+        character does not go on with the rest of it)."""
+        if self.word_stop is None:
+            return "word = [^ \\t\\r\\n]+\n"
+        first, rest = self.word_stop[0], self.word_stop[1:]
+        escaped = "\\" + first if first in "]\\^-" else first
+        stops = ", ".join(peg_literal(s) for s in (self.word_stop, " ", "\t", "\r", "\n"))
+        return (f"word = [^ \\t\\r\\n{escaped}] until({stops})"
+                f" | {peg_literal(first)} until({peg_literal(rest)}, {stops})\n")
 
     def substitutions(self, strict: bool) -> dict[str, str]:
         """Extra `$placeholders` of the shared part (e.g. DSML's block name)."""
@@ -746,12 +764,11 @@ class DialectStreamParser:
         (`{'a': 1}`, `True`, `None`: models whose prompts show Python values write them, and
         vLLM's parsers read them so), else it stays a string.
         """
-        expected = schema_type(self._property_schema(key))
-        if kind == "gemma":  # its grammar was written from the schema (or any value, leniently)
-            from pegmask.dialects.gemma import read_value
-
+        schema = self._property_schema(key)
+        expected = schema_type(schema)
+        if kind in VALUE_READERS:  # a family's own value syntax (its grammar follows the schema)
             try:
-                return _dumps(read_value(raw))
+                return _dumps(value_reader(kind)(raw, schema))
             except ValueError:
                 return _dumps(raw)
         if kind == "value":
@@ -763,7 +780,7 @@ class DialectStreamParser:
             value, exact = json.loads(text), True
         except ValueError:
             value, exact = python_literal(text), False
-        if value is _INVALID or (kind == "string" and isinstance(value, str)):
+        if value is INVALID or (kind == "string" and isinstance(value, str)):
             return _dumps(raw)
         if expected == "string" and not isinstance(value, str):
             return _dumps(text)
@@ -775,35 +792,50 @@ class DialectStreamParser:
         return f"call_{uuid.uuid4().hex[:24]}"
 
 
-_INVALID = object()
+#: what `python_literal` returns for text that is no JSON-kind literal
+INVALID = object()
+#: capture tags of values in a family's own syntax, and the reader of each ("module:function",
+#: called with the text and the parameter's schema or None; ValueError when the text is no value)
+VALUE_READERS = {
+    "gemma": "pegmask.dialects.gemma:read_value",  # Gemma's JSON dialect
+    "m3": "pegmask.dialects.minimax_m3:read_value",  # MiniMax M3's recursive XML
+    "cofl": "pegmask.dialects.cohere_xml:read_value",  # Cohere's typed <cofl:value> XML
+}
 #: capture tags of a parameter's value: raw text (`string`), JSON (`json`), text typed by the
-#: schema (`value`), and Gemma's JSON dialect (`gemma`)
-VALUE_TAGS = ("string", "json", "value", "gemma")
+#: schema (`value`), and the family syntaxes of `VALUE_READERS`
+VALUE_TAGS = ("string", "json", "value", *VALUE_READERS)
+
+
+@functools.cache
+def value_reader(tag: str) -> Callable[[str, Any], Any]:
+    """The reader of a `VALUE_READERS` tag (imported on first use)."""
+    module_name, function_name = VALUE_READERS[tag].split(":")
+    return getattr(importlib.import_module(module_name), function_name)
 _JSON_SCALARS = (str, int, float, bool, type(None))
 
 
 def python_literal(text: str) -> Any:
-    """The JSON value a Python literal spells (tuples read as arrays), or `_INVALID` when the
+    """The JSON value a Python literal spells (tuples read as arrays), or `INVALID` when the
     text is no literal of JSON's kinds (sets, bytes, complex and non-finite numbers are not)."""
     try:
         value = ast.literal_eval(text)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        return _INVALID
+        return INVALID
     return _as_json(value)
 
 
 def _as_json(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
-        return _INVALID
+        return INVALID
     if isinstance(value, _JSON_SCALARS):
         return value
     if isinstance(value, (list, tuple)):
         items = [_as_json(item) for item in value]
-        return _INVALID if any(item is _INVALID for item in items) else items
+        return INVALID if any(item is INVALID for item in items) else items
     if isinstance(value, dict) and all(isinstance(k, str) for k in value):
         members = {k: _as_json(v) for k, v in value.items()}
-        return _INVALID if any(v is _INVALID for v in members.values()) else members
-    return _INVALID
+        return INVALID if any(v is INVALID for v in members.values()) else members
+    return INVALID
 
 
 def _dumps(value: Any) -> str:

@@ -7,7 +7,7 @@
 writes it (whitespace up to 32 characters a run under the strict grammar).
 
 Prompts come from the model's template. (xgrammar's "cohere" key is another format, the
-`<cofl:tool_calls>` XML of later Command models, which pegmask does not speak yet.)
+`<cofl:tool_calls>` XML of later Command models: the `cohere-xml` dialect.)
 """
 
 from __future__ import annotations

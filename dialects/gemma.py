@@ -199,8 +199,9 @@ class GemmaDialect(TurnDialect):
 
 
 # ------------------------------------------------------------------------------ reading values
-def read_value(text: str) -> Any:
-    """The JSON value of a Gemma-style value (ValueError if it is none)."""
+def read_value(text: str, schema: Any = None) -> Any:
+    """The JSON value of a Gemma-style value (ValueError if it is none). `schema` is not
+    needed: Gemma's syntax tells strings, numbers and literals apart."""
     value, end = _read(text, _skip(text, 0))
     if _skip(text, end) != len(text):
         raise ValueError(f"trailing text in a Gemma value: {text[end:]!r}")

@@ -34,7 +34,9 @@ _REGISTRY: dict[str, str] = {
     "gemma": "pegmask.dialects.gemma:GemmaDialect",
     "glm": "pegmask.dialects.glm:GlmDialect",
     "minimax": "pegmask.dialects.minimax:MiniMaxDialect",
+    "minimax-m3": "pegmask.dialects.minimax_m3:MiniMaxM3Dialect",
     "cohere": "pegmask.dialects.cohere:CohereDialect",
+    "cohere-xml": "pegmask.dialects.cohere_xml:CohereXmlDialect",
     "nemotron": "pegmask.dialects.nemotron:NemotronDialect",
     "seed-oss": "pegmask.dialects.seed_oss:SeedOssDialect",
     "hunyuan": "pegmask.dialects.hunyuan:HunyuanDialect",
@@ -43,6 +45,7 @@ _REGISTRY: dict[str, str] = {
     "mistral": "pegmask.dialects.mistral:MistralDialect",
     "llama3": "pegmask.dialects.llama3:Llama3Dialect",
     "mimo": "pegmask.dialects.mimo:MimoDialect",
+    "exaone": "pegmask.dialects.exaone:ExaoneDialect",
     "hermes-xml": "pegmask.dialects.hermes_xml:HermesXmlDialect",
     "hermes": "pegmask.dialects.hermes:HermesDialect",
 }

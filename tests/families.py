@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from pegmask.bench.data import TEMPLATES_DIR
 from pegmask.dialects import ChatRequest, render_chat_template
+from pegmask.dialects.native import render_native
 from pegmask.grammars.automaton import GrammarCompiler
 from pegmask.grammars.vocab import Vocabulary
 
@@ -136,6 +137,11 @@ class Family:
     # how an output body joins its text and its calls block (default: a newline between)
     body: Callable[[str, str], str] | None = None
     system: bool = True  # the prompt has a system message (Nemo's moves to the last user turn)
+    native: bool = False  # no template in data/: the dialect's native renderer writes the turns
+    # argument values drawn (default: JSON_VALUES, or SIMPLE_VALUES without json_values), and
+    # whether tools declare their nested types (formats that type nested values by the schema)
+    values: Any = None
+    typed_schemas: bool = False
 
     @property
     def template_text(self) -> str:
@@ -183,8 +189,29 @@ def schema_of(value: Any) -> dict[str, Any]:
     return {"type": kinds[type(value)]}
 
 
-def tool_of(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-    properties = {key: schema_of(value) for key, value in arguments.items()}
+def typed_schema_of(value: Any) -> dict[str, Any]:
+    """A JSON Schema declaring a value's type all the way down (an array's items by its first)."""
+    if isinstance(value, dict):
+        return {"type": "object", "properties": {k: typed_schema_of(v) for k, v in value.items()},
+                "required": list(value)}
+    if isinstance(value, list):
+        return {"type": "array", "items": typed_schema_of(value[0])} if value else {"type": "array"}
+    return schema_of(value)
+
+
+def _one_item_schema(items: list[Any]) -> bool:
+    return len({json.dumps(typed_schema_of(item), sort_keys=True) for item in items}) <= 1
+
+
+# Nested values whose arrays hold items of one declared type (for `typed_schema_of`).
+TYPED_VALUES = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=3)
+                            .filter(_one_item_schema)
+                            | st.dictionaries(IDENTIFIERS, inner, max_size=3), max_leaves=6)
+
+
+def tool_of(name: str, arguments: dict[str, Any], typed: bool = False) -> dict[str, Any]:
+    describe = typed_schema_of if typed else schema_of
+    properties = {key: describe(value) for key, value in arguments.items()}
     return {"type": "function", "function": {"name": name, "description": f"Tool {name}.",
             "parameters": {"type": "object", "properties": properties,
                            "required": list(arguments)}}}
@@ -193,7 +220,8 @@ def tool_of(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
 @st.composite
 def turns(draw: Any, family: Family) -> tuple[list[dict], dict[str, Any], list[Call], str, str]:
     """(tools, assistant message, its calls, content, reasoning) for a random turn."""
-    values = JSON_VALUES if family.json_values else SIMPLE_VALUES
+    values = family.values if family.values is not None else \
+        (JSON_VALUES if family.json_values else SIMPLE_VALUES)
     count = draw(st.integers(1, 3 if family.parallel else 1))
     names = draw(st.lists(IDENTIFIERS, min_size=count, max_size=count, unique=True))
     calls: list[Call] = []
@@ -212,8 +240,8 @@ def turns(draw: Any, family: Family) -> tuple[list[dict], dict[str, Any], list[C
         message = family.with_reasoning(message, reasoning)
     elif reasoning:
         message["reasoning_content"] = reasoning
-    return [tool_of(name, arguments) for name, arguments in calls], message, calls, content, \
-        reasoning
+    return [tool_of(name, arguments, family.typed_schemas) for name, arguments in calls], \
+        message, calls, content, reasoning
 
 
 PROMPT = [{"role": "system", "content": "You are helpful."},
@@ -223,15 +251,19 @@ PROMPT = [{"role": "system", "content": "You are helpful."},
 def rendered_turn(family: Family, tools: list[dict], message: dict[str, Any]) -> str:
     """The assistant turn as the template writes it: the full rendering after the generation
     prompt, cut after the end-of-turn token."""
-    template = family.template_text
     history = PROMPT if family.system else PROMPT[1:]
-    prompt = render_chat_template(template, history, tools=tools, add_generation_prompt=True,
-                                  **family.template_kwargs)
-    full = render_chat_template(template, [*history, message], tools=tools,
-                                add_generation_prompt=False, **family.template_kwargs)
+    if family.native:
+        def render(messages: list[dict[str, Any]], **options: Any) -> str:
+            return render_native(family.dialect, messages, options.pop("tools"),
+                                 options.pop("add_generation_prompt"), **options)
+    else:
+        render = functools.partial(render_chat_template, family.template_text)
+    prompt = render(history, tools=tools, add_generation_prompt=True, **family.template_kwargs)
+    full = render([*history, message], tools=tools, add_generation_prompt=False,
+                  **family.template_kwargs)
     if family.turn_start is not None:  # the first turn start after the history
-        before = render_chat_template(template, history, tools=tools,
-                                      add_generation_prompt=False, **family.template_kwargs)
+        before = render(history, tools=tools, add_generation_prompt=False,
+                        **family.template_kwargs)
         assert full.startswith(before), (before, full)
         turn = full[full.index(family.turn_start, len(before)) + len(family.turn_start):]
     else:

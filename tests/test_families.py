@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import pytest
 from families import (
     SHAPE_CALLS,
+    TYPED_VALUES,
     Call,
     Family,
     compiler,
@@ -36,6 +37,9 @@ from test_dialect_base import (
 
 from pegmask.bench.data import TEMPLATES_DIR
 from pegmask.dialects import ChatRequest, detect_dialect, get_dialect
+from pegmask.dialects.cohere_xml import cofl_calls
+from pegmask.dialects.history import ToolCall
+from pegmask.dialects.minimax_m3 import m3_calls
 
 
 def dumps(value: object) -> str:
@@ -287,7 +291,39 @@ FORMATS_ONLY: dict[str, Family] = {
                                                   "</think>", "<|im_end|>"), ("<|im_end|>",)),
         "<|im_end|>", mimo_calls, thought="<think>Hmm.</think>", ends=("", "<|im_end|>")),
 }
-ALL_FAMILIES = {**FAMILIES, **FORMATS_ONLY}
+
+
+def tool_calls(calls: Sequence[Call]) -> list[ToolCall]:
+    return [ToolCall(f"call{i}", name, arguments) for i, (name, arguments) in enumerate(calls)]
+
+
+def exaone_calls(calls: Sequence[Call]) -> str:
+    return "\n".join(f'<tool_call>{{"name": "{name}", "arguments": {dumps(args)}}}</tool_call>'
+                     for name, args in calls)
+
+
+# Families whose templates data/ lacks, rendered by their native renderers (formats from
+# xgrammar's structural tags; test_xgrammar_formats.py checks xgrammar accepts the renderings).
+NATIVE: dict[str, Family] = {
+    "exaone-4.0": Family(
+        "exaone", "", functools.partial(qwen_with, (
+            "<think>", "</think>", "<tool_call>", "</tool_call>", "[|endofturn|]", "[|system|]",
+            "[|user|]", "[|assistant|]", "[|tool|]"), ("[|endofturn|]",)),
+        "[|endofturn|]", exaone_calls, thought="Hmm.\n</think>\n\n",
+        ends=("", "[|endofturn|]"), reasoning=True, native=True,
+        template_kwargs={"enable_thinking": True, "skip_think": False}),
+    "minimax-m3": Family(
+        "minimax-m3", "", functools.partial(qwen_with, (
+            "<mm:think>", "</mm:think>", "[e~[", "]~b]", "]~!b["), ("[e~[",)),
+        "[e~[", lambda calls: m3_calls(tool_calls(calls)), thought="Hmm.</mm:think>",
+        ends=("", "[e~["), reasoning=True, native=True, values=TYPED_VALUES,
+        typed_schemas=True, template_kwargs={"enable_thinking": True}),
+    "cohere-command-xml": Family(
+        "cohere-xml", "", COHERE_VOCAB, "<|END_OF_TURN_TOKEN|>",
+        lambda calls: cofl_calls(tool_calls(calls)), thought="Hmm.<|END_THINKING|>",
+        ends=("", "<|END_OF_TURN_TOKEN|>"), reasoning=True, native=True),
+}
+ALL_FAMILIES = {**FAMILIES, **FORMATS_ONLY, **NATIVE}
 
 
 def _one_per_grammar(families: dict[str, Family]) -> dict[str, Family]:
@@ -351,6 +387,8 @@ ROUND_TRIPS = settings(max_examples=12, deadline=None, phases=[Phase.explicit, P
 
 
 def family_dialect(family: Family):
+    if family.native:
+        return get_dialect(family.dialect, **family.options)
     template = family.template_text
     return get_dialect(detect_dialect(template), chat_template=template, **family.options)
 
@@ -381,13 +419,17 @@ def test_template_options_come_with_the_dialect() -> None:
     assert dialect("DeepSeek-V3.2.jinja").version == "v3.2"
 
 
-@pytest.mark.parametrize("name", FAMILIES)
+READ_BACK = {**FAMILIES, **NATIVE}
+
+
+@pytest.mark.parametrize("name", READ_BACK)
 @ROUND_TRIPS
 @given(data=st.data())
 def test_template_turns_read_back(name: str, data: st.DataObject) -> None:
-    """The template's rendering of a random turn parses to its calls, content and reasoning,
-    whole and in chunks, and is accepted token by token by the request's strict grammar."""
-    family = FAMILIES[name]
+    """The template's (or native renderer's) rendering of a random turn parses to its calls,
+    content and reasoning, whole and in chunks, and is accepted token by token by the request's
+    strict grammar."""
+    family = READ_BACK[name]
     tools, message, calls, content, reasoning = data.draw(turns(family))
     output = rendered_turn(family, tools, message)
     request = request_for(tools, family)

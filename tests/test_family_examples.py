@@ -115,6 +115,34 @@ EXAMPLES = {
         "</arg_key:opensource>\n<arg_value:opensource>Tokyo</arg_value:opensource>\n"
         "</tool_call:opensource>\n</tool_calls:opensource><｜hy_eos:opensource｜>",
         message(None, "Look.", [WEATHER])),
+    "exaone reasoning then compact calls": (
+        "exaone", {"reasoning": True}, "Look.\n</think>\n\nOk.\n<tool_call>{\"name\": "
+        "\"get_weather\", \"arguments\": {\"city\": \"Tokyo\"}}</tool_call>\n<tool_call>"
+        "{\"name\": \"get_time\", \"arguments\": {}}</tool_call>[|endofturn|]",
+        message("Ok.", "Look.", [WEATHER, TIME])),
+    "minimax-m3 nested elements guessed without a schema": (
+        "minimax-m3", {"reasoning": False}, "]<]minimax[>[<tool_call>\n]<]minimax[>[<invoke "
+        "name=\"f\">\n]<]minimax[>[<cfg>\n]<]minimax[>[<item>1]<]minimax[>[</item>\n"
+        "]<]minimax[>[<item>x y]<]minimax[>[</item>\n]<]minimax[>[</cfg>\n]<]minimax[>[<on>true"
+        "]<]minimax[>[</on>\n]<]minimax[>[</invoke>\n]<]minimax[>[</tool_call>[e~[",
+        message(None, None, [("f", '{"cfg": [1, "x y"], "on": true}')])),
+    "minimax-m3 adaptive: a lone </mm:think>, text right before the block": (
+        "minimax-m3", {}, "</mm:think>Ok.]<]minimax[>[<tool_call>]<]minimax[>[<invoke "
+        "name=\"get_time\">]<]minimax[>[</invoke>]<]minimax[>[</tool_call>",
+        message("Ok.", None, [TIME])),
+    "cohere-xml typed values, an escaped name": (
+        "cohere-xml", {}, "Plan.<|END_THINKING|><cofl:tool_calls><cofl:tool_call id=\"0\" "
+        "name=\"f\"><cofl:value name=\"n\" type=\"raw\">7</cofl:value><cofl:value name=\"o\" "
+        "type=\"dict\"><cofl:value name=\"a&amp;b\" type=\"json\">null</cofl:value>"
+        "</cofl:value><cofl:value name=\"l\" type=\"list\"><cofl:value type=\"json\">2"
+        "</cofl:value><cofl:value type=\"raw\">x</cofl:value></cofl:value></cofl:tool_call>"
+        "</cofl:tool_calls><|END_OF_TURN_TOKEN|>",
+        message(None, "Plan.", [("f", '{"n": "7", "o": {"a&b": null}, "l": [2, "x"]}')])),
+    "cohere-xml malformed value is content": (
+        "cohere-xml", {"reasoning": False}, "<cofl:tool_calls><cofl:tool_call id=\"0\" name=\"f\">"
+        "<cofl:value name=\"n\" type=\"int\">7</cofl:value></cofl:tool_call></cofl:tool_calls>",
+        message("<cofl:tool_calls><cofl:tool_call id=\"0\" name=\"f\"><cofl:value name=\"n\" "
+                "type=\"int\">7</cofl:value></cofl:tool_call></cofl:tool_calls>")),
 }
 
 
@@ -133,7 +161,8 @@ def test_streaming_matches_whole_parse_for_any_chunking(name: str, data: st.Data
     assert_stream_matches(get_dialect(dialect, **options), output, cuts)
 
 
-@pytest.mark.parametrize("dialect", ["glm", "minimax", "seed-oss", "hunyuan", "mimo"])
+@pytest.mark.parametrize("dialect", ["glm", "minimax", "seed-oss", "hunyuan", "mimo",
+                                     "minimax-m3"])
 def test_xml_values_are_typed_by_the_schema(dialect: str) -> None:
     """"7" is a string for a string parameter and a number for an integer one; an object
     parameter written as a Python literal is the object."""
@@ -142,6 +171,7 @@ def test_xml_values_are_typed_by_the_schema(dialect: str) -> None:
         "minimax": lambda k, v: f'<parameter name="{k}">{v}</parameter>',
         "seed-oss": lambda k, v: f"<parameter={k}>{v}</parameter>",
         "mimo": lambda k, v: f"<parameter={k}>{v}</parameter>",
+        "minimax-m3": lambda k, v: f"]<]minimax[>[<{k}>{v}]<]minimax[>[</{k}>",
         "hunyuan": lambda k, v: (f"<arg_key:opensource>{k}</arg_key:opensource>"
                                  f"<arg_value:opensource>{v}</arg_value:opensource>"),
     }
@@ -152,6 +182,8 @@ def test_xml_values_are_typed_by_the_schema(dialect: str) -> None:
         "minimax": f'<minimax:tool_call><invoke name="f">{params}</invoke></minimax:tool_call>',
         "seed-oss": f"<seed:tool_call><function=f>{params}</function></seed:tool_call>",
         "mimo": f"<tool_call><function=f>{params}</function></tool_call>",
+        "minimax-m3": (f']<]minimax[>[<tool_call>]<]minimax[>[<invoke name="f">'
+                       f"{params}]<]minimax[>[</invoke>]<]minimax[>[</tool_call>"),
         "hunyuan": (f"<tool_calls:opensource><tool_call:opensource>f<tool_sep:opensource>{params}"
                     "</tool_call:opensource></tool_calls:opensource>"),
     }
@@ -190,6 +222,39 @@ def test_compact_xml_is_mimo_and_framed_xml_hermes_xml() -> None:
     framed = MIMO_TEMPLATE.replace("<tool_call><function={{ tc.function.name }}>",
                                    "<tool_call>\n<function={{ tc.function.name }}>\n")
     assert detect_dialect(framed) == "hermes-xml"
+
+
+# The three formats' calls as a template would write them, reduced to what detection reads.
+XGRAMMAR_FORMAT_TEMPLATES = {
+    "exaone": (
+        "{%- for m in messages %}[|{{ m.role }}|]\n{{ m.content }}{%- for tc in m.tool_calls or [] %}"
+        "<tool_call>{\"name\": \"{{ tc.function.name }}\", \"arguments\": "
+        "{{ tc.function.arguments | tojson }}}</tool_call>{%- endfor %}[|endofturn|]\n"
+        "{%- endfor %}{%- if add_generation_prompt %}[|assistant|]\n{%- endif %}"),
+    "minimax-m3": (
+        "{%- for m in messages %}]~b]{{ m.role }}\n{{ m.content }}{%- if m.tool_calls %}"
+        "]<]minimax[>[<tool_call>\n{%- for tc in m.tool_calls %}]<]minimax[>[<invoke name=\""
+        "{{ tc.function.name }}\">]<]minimax[>[</invoke>\n{%- endfor %}]<]minimax[>[</tool_call>"
+        "{%- endif %}[e~[\n{%- endfor %}"),
+    "cohere-xml": (
+        "{%- for m in messages %}<|START_OF_TURN_TOKEN|>{{ m.content }}{%- if m.tool_calls %}"
+        "<cofl:tool_calls>{%- for tc in m.tool_calls %}<cofl:tool_call id=\"{{ loop.index0 }}\" "
+        "name=\"{{ tc.function.name }}\"></cofl:tool_call>{%- endfor %}</cofl:tool_calls>"
+        "{%- endif %}<|END_OF_TURN_TOKEN|>{%- endfor %}"),
+}
+
+
+@pytest.mark.parametrize("dialect", sorted(XGRAMMAR_FORMAT_TEMPLATES))
+def test_xgrammar_formats_are_detected(dialect: str) -> None:
+    """EXAONE's compact calls are not taken for Hermes; a ChatML turn with them is Hermes."""
+    from pegmask.dialects import detect_dialect
+
+    template = XGRAMMAR_FORMAT_TEMPLATES[dialect]
+    assert detect_dialect(template) == dialect
+    if dialect == "exaone":
+        chatml = template.replace("[|{{ m.role }}|]", "<|im_start|>{{ m.role }}").replace(
+            "[|assistant|]", "<|im_start|>assistant")
+        assert detect_dialect(chatml) == "hermes"
 
 
 GEMMA_TOOL = {"type": "function", "function": {"name": "f", "parameters": {
