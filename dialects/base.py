@@ -330,6 +330,10 @@ class TurnDialect(Dialect):
     """
 
     peg_file: ClassVar[str] = ""
+    #: shared `.peg` pieces whose rules and sections the family's `.peg` builds on (e.g.
+    #: ``json_calls.peg``, the `{"name", "arguments"}` objects of the JSON-list formats); a
+    #: section the family's file also has is the family's
+    peg_includes: ClassVar[tuple[str, ...]] = ()
     #: whether a call region may end reasoning without `think_close` (when parsing)
     implicit_reasoning_end: ClassVar[bool] = True
     #: whether a turn is an answer or calls, never both (Llama 3's JSON calls: a call is the
@@ -346,7 +350,7 @@ class TurnDialect(Dialect):
     )
 
     def grammar_source(self, request: ChatRequest, strict: bool) -> tuple[str, dict[str, Any]]:
-        sections = peg_sections(load_peg(self.peg_file))
+        sections = self.sections()
         schemas: dict[str, Any] = {}
         if strict and request.allowed_tools:
             bodies = []
@@ -364,6 +368,14 @@ class TurnDialect(Dialect):
             schemas["response"] = answer_schema
         prelude = fill(self.PRELUDE, ws=self.STRICT_WS if strict else "[ \\t\\r\\n]*")
         return prelude + text + extra + root, schemas
+
+    def sections(self) -> dict[str, str]:
+        """The family's `.peg` sections on top of those of its `peg_includes`."""
+        merged = {"": ""}
+        for filename in (*self.peg_includes, self.peg_file):
+            for name, text in peg_sections(load_peg(filename)).items():
+                merged[name] = merged[""] + text if name == "" else text
+        return merged
 
     def substitutions(self, strict: bool) -> dict[str, str]:
         """Extra `$placeholders` of the shared part (e.g. DSML's block name)."""

@@ -42,6 +42,7 @@ _REGISTRY: dict[str, str] = {
     "deepseek-r1": "pegmask.dialects.deepseek:DeepSeekR1Dialect",
     "mistral": "pegmask.dialects.mistral:MistralDialect",
     "llama3": "pegmask.dialects.llama3:Llama3Dialect",
+    "apriel": "pegmask.dialects.apriel:AprielDialect",
     "mimo": "pegmask.dialects.mimo:MimoDialect",
     "hermes-xml": "pegmask.dialects.hermes_xml:HermesXmlDialect",
     "hermes": "pegmask.dialects.hermes:HermesDialect",

@@ -210,6 +210,20 @@ MISTRAL_VOCAB = functools.partial(qwen_with, ("[TOOL_CALLS]", "[ARGS]", "[CALL_I
                                               "[/THINK]", "</s>", "[INST]", "[/INST]"), ("</s>",))
 MISTRAL_KWARGS = {"bos_token": "<s>", "eos_token": "</s>"}
 
+def json_list(calls: Sequence[Call]) -> str:
+    """Calls as the JSON-list families write them (json_calls.peg)."""
+    return "[" + ", ".join(f'{{"name": "{name}", "arguments": {dumps(args)}}}'
+                           for name, args in calls) + "]"
+
+
+def apriel_calls(calls: Sequence[Call]) -> str:
+    return f"<tool_calls>{json_list(calls)}</tool_calls>"
+
+
+APRIEL_VOCAB = functools.partial(qwen_with, (
+    "<thinking>", "</thinking>", "<tool_calls>", "</tool_calls>", "<|end|>", "<|system|>",
+    "<|user|>", "<|assistant|>", "<|tool_result|>"), ("<|end|>",))
+
 FAMILIES: dict[str, Family] = {
     "llama3": Family(
         "llama3", "meta-llama-Llama-3.2-3B-Instruct.jinja", llama3, "<|eot_id|>", llama3_calls,
@@ -278,6 +292,10 @@ FAMILIES: dict[str, Family] = {
         "gemma", "google-gemma-4-31B-it.jinja", GEMMA_VOCAB, "<|tool_response>", gemma_calls,
         thought="<|channel>thought\nHmm.\n<channel|>", ends=("", "<turn|>", "<|tool_response>"),
         reasoning=True, content_with_calls=False, template_kwargs={"enable_thinking": True}),
+    "apriel-1.5": Family(
+        "apriel", "unsloth-Apriel-1.5.jinja", APRIEL_VOCAB, "<|end|>", apriel_calls,
+        thought="<thinking>Hmm.</thinking>", ends=("", "<|end|>"), string_arguments=True,
+        template_kwargs={"bos_token": "<s>", "eos_token": "</s>"}),
 }
 # Families whose templates data/templates lacks: per-request grammars and sampling only (their
 # formats come from xgrammar's structural tags; test_family_examples.py parses them).
@@ -341,7 +359,7 @@ TEMPLATE_DIALECTS = {
     "nvidia-Llama-3_3-Nemotron-Super-49B-v1_5.jinja": "nemotron",
     "openai-gpt-oss-120b.jinja": "harmony",
     "tencent-Hy3.jinja": "hunyuan",
-    "unsloth-Apriel-1.5.jinja": "unknown",
+    "unsloth-Apriel-1.5.jinja": "apriel",
     "vllm-tool_chat_template_deepseekr1.jinja": "deepseek-r1",
     "vllm-tool_chat_template_hermes.jinja": "hermes",
     "vllm-tool_chat_template_phi4_mini.jinja": "unknown",
