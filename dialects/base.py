@@ -232,7 +232,8 @@ class Dialect:
         if self.chat_template is not None:
             from pegmask.dialects.templating import render_chat_template
 
-            return render_chat_template(self.chat_template, messages, tools=tools,
+            return render_chat_template(self.chat_template, self.template_messages(messages),
+                                        tools=tools,
                                         add_generation_prompt=add_generation_prompt,
                                         **template_kwargs)
         if self.native_renderer is None:
@@ -241,6 +242,11 @@ class Dialect:
 
         return render_native(self.native_renderer, messages, tools, add_generation_prompt,
                              **template_kwargs)
+
+    def template_messages(self, messages: Any) -> Any:
+        """The messages the chat template renders (families whose template cannot write past
+        calls put them into the content, as the model writes them)."""
+        return messages
 
     # ----------------------------------------------------------------- grammars
     def grammar_source(self, request: ChatRequest, strict: bool) -> tuple[str, dict[str, Any]]:

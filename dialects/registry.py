@@ -43,6 +43,8 @@ _REGISTRY: dict[str, str] = {
     "mistral": "pegmask.dialects.mistral:MistralDialect",
     "llama3": "pegmask.dialects.llama3:Llama3Dialect",
     "apriel": "pegmask.dialects.apriel:AprielDialect",
+    "phi4-mini": "pegmask.dialects.phi4_mini:Phi4MiniDialect",
+    "granite": "pegmask.dialects.granite:GraniteDialect",
     "mimo": "pegmask.dialects.mimo:MimoDialect",
     "hermes-xml": "pegmask.dialects.hermes_xml:HermesXmlDialect",
     "hermes": "pegmask.dialects.hermes:HermesDialect",
@@ -136,6 +138,21 @@ def probe_renderings(template: str) -> tuple[str, ...]:
         except Exception:  # noqa: BLE001 - a template may fail in any way on one shape
             continue
     return tuple(out)
+
+
+@functools.lru_cache(maxsize=32)
+def tools_prompt(template: str) -> str:
+    """What the template writes for the probe tool, one user message and the generation prompt,
+    with no system message ("" if it cannot): where a template writes its own tool-use system
+    prompt (Granite 3.3's instructions)."""
+    from pegmask.dialects.templating import render_chat_template
+
+    try:
+        return render_chat_template(template, [{"role": "user", "content": "Question?"}],
+                                    tools=[PROBE_TOOL], add_generation_prompt=True,
+                                    bos_token="", eos_token="")
+    except Exception:  # noqa: BLE001 - a template may fail in any way
+        return ""
 
 
 @functools.lru_cache(maxsize=32)

@@ -11,7 +11,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pegmask.dialects.history import Message
+from pegmask.dialects.history import Message, ToolCall, normalize_history
 from pegmask.dialects.replay import ReplayMemory
 
 
@@ -52,3 +52,21 @@ def check_modes(add_generation_prompt: bool, continue_final_message: bool) -> No
     """The two ways of ending a prompt exclude each other (as in transformers)."""
     if add_generation_prompt and continue_final_message:
         raise ValueError("continue_final_message and add_generation_prompt are not compatible")
+
+
+def calls_in_content(messages: Any, write: Callable[[Sequence[ToolCall]], str]) -> list[dict]:
+    """Chat messages with each assistant turn's calls written into its content by `write` (as
+    the model writes them), for templates that drop past calls or write them in another form
+    than the model's (Granite 3.3, Phi-4-mini's vLLM template)."""
+    history = normalize_history(messages)
+    for message in history.messages:
+        if message.tool_calls:
+            message.content += write(message.tool_calls)
+            message.parts, message.tool_calls = None, []
+    return history.to_template_messages()
+
+
+def json_call_list(calls: Sequence[ToolCall]) -> str:
+    """Calls as a JSON list of `{"name", "arguments"}` objects (json_calls.peg's form)."""
+    return "[" + ", ".join(f'{{"name": {dumps(call.name)}, "arguments": {call.arguments_json}}}'
+                           for call in calls) + "]"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -136,6 +137,9 @@ class Family:
     # how an output body joins its text and its calls block (default: a newline between)
     body: Callable[[str, str], str] | None = None
     system: bool = True  # the prompt has a system message (Nemo's moves to the last user turn)
+    # the template cannot write past calls in the model's form: the dialect renders the turn
+    # (the template, with the calls written into the content as the model writes them)
+    dialect_renders: bool = False
 
     @property
     def template_text(self) -> str:
@@ -225,15 +229,30 @@ def rendered_turn(family: Family, tools: list[dict], message: dict[str, Any]) ->
     prompt, cut after the end-of-turn token."""
     template = family.template_text
     history = PROMPT if family.system else PROMPT[1:]
-    prompt = render_chat_template(template, history, tools=tools, add_generation_prompt=True,
+    if family.dialect_renders:
+        from pegmask.dialects import get_dialect
+
+        dialect = get_dialect(family.dialect, chat_template=template, **family.options)
+
+        def render(messages: list[dict], add_generation_prompt: bool) -> str:
+            return dialect.render(messages, tools, add_generation_prompt,
                                   **family.template_kwargs)
-    full = render_chat_template(template, [*history, message], tools=tools,
-                                add_generation_prompt=False, **family.template_kwargs)
+    else:
+        def render(messages: list[dict], add_generation_prompt: bool) -> str:
+            return render_chat_template(template, messages, tools=tools,
+                                        add_generation_prompt=add_generation_prompt,
+                                        **family.template_kwargs)
+
+    prompt = render(history, True)
+    full = render([*history, message], False)
     if family.turn_start is not None:  # the first turn start after the history
-        before = render_chat_template(template, history, tools=tools,
-                                      add_generation_prompt=False, **family.template_kwargs)
-        assert full.startswith(before), (before, full)
-        turn = full[full.index(family.turn_start, len(before)) + len(family.turn_start):]
+        before = render(history, False)
+        # (Command R+'s template writes a closing system turn after every history: there the
+        # turn starts in what follows the part the two renderings share)
+        shared = len(before) if full.startswith(before) else \
+            len(os.path.commonprefix([before, full])) - len(family.turn_start)
+        start = full.index(family.turn_start, max(0, shared))
+        turn = full[start + len(family.turn_start):]
     else:
         assert full.startswith(prompt), (prompt, full)
         turn = full[len(prompt):]

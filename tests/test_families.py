@@ -220,6 +220,14 @@ def apriel_calls(calls: Sequence[Call]) -> str:
     return f"<tool_calls>{json_list(calls)}</tool_calls>"
 
 
+def phi4_mini_calls(calls: Sequence[Call]) -> str:
+    return f"functools{json_list(calls)}"
+
+
+def granite_calls(calls: Sequence[Call]) -> str:
+    return f"<|tool_call|>{json_list(calls)}"
+
+
 APRIEL_VOCAB = functools.partial(qwen_with, (
     "<thinking>", "</thinking>", "<tool_calls>", "</tool_calls>", "<|end|>", "<|system|>",
     "<|user|>", "<|assistant|>", "<|tool_result|>"), ("<|end|>",))
@@ -296,6 +304,18 @@ FAMILIES: dict[str, Family] = {
         "apriel", "unsloth-Apriel-1.5.jinja", APRIEL_VOCAB, "<|end|>", apriel_calls,
         thought="<thinking>Hmm.</thinking>", ends=("", "<|end|>"), string_arguments=True,
         template_kwargs={"bos_token": "<s>", "eos_token": "</s>"}),
+    # vLLM's template writes past calls without functools[...]; so the dialect renders them
+    "phi4-mini": Family(
+        "phi4-mini", "vllm-tool_chat_template_phi4_mini.jinja", functools.partial(
+            qwen_with, ("<|end|>", "<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>",
+                        "<|tool|>"), ("<|end|>",)),
+        "<|end|>", phi4_mini_calls, ends=("", "<|end|>"), dialect_renders=True),
+    # Granite 3.3's template drops past calls; so the dialect renders them
+    "granite-3.3": Family(
+        "granite", "ibm-granite-granite-3.3-2B-Instruct.jinja", functools.partial(
+            qwen_with, ("<|tool_call|>", "<|end_of_text|>", "<|start_of_role|>",
+                        "<|end_of_role|>"), ("<|end_of_text|>",)),
+        "<|end_of_text|>", granite_calls, ends=("", "<|end_of_text|>"), dialect_renders=True),
 }
 # Families whose templates data/templates lacks: per-request grammars and sampling only (their
 # formats come from xgrammar's structural tags; test_family_examples.py parses them).
@@ -346,7 +366,7 @@ TEMPLATE_DIALECTS = {
     "deepseek-ai-DeepSeek-V3.1.jinja": "deepseek-v3.1",
     "glm_4_5.jinja": "glm",
     "google-gemma-4-31B-it.jinja": "gemma",
-    "ibm-granite-granite-3.3-2B-Instruct.jinja": "unknown",
+    "ibm-granite-granite-3.3-2B-Instruct.jinja": "granite",
     "ibm-granite-granite-4.0.jinja": "hermes",
     "llm-jp-llm-jp-4.1-8b-thinking.jinja": "llmjp-harmony",
     "llm-jp-tokenizer-alpha_2.0-chat_template.jinja": "llmjp-harmony",
@@ -362,7 +382,7 @@ TEMPLATE_DIALECTS = {
     "unsloth-Apriel-1.5.jinja": "apriel",
     "vllm-tool_chat_template_deepseekr1.jinja": "deepseek-r1",
     "vllm-tool_chat_template_hermes.jinja": "hermes",
-    "vllm-tool_chat_template_phi4_mini.jinja": "unknown",
+    "vllm-tool_chat_template_phi4_mini.jinja": "phi4-mini",
 }
 ROUND_TRIPS = settings(max_examples=12, deadline=None, phases=[Phase.explicit, Phase.generate],
                        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
