@@ -232,8 +232,8 @@ class Dialect:
         if self.chat_template is not None:
             from pegmask.dialects.templating import render_chat_template
 
-            return render_chat_template(self.chat_template, self.template_messages(messages),
-                                        tools=tools,
+            messages, tools = self.template_inputs(messages, tools)
+            return render_chat_template(self.chat_template, messages, tools=tools,
                                         add_generation_prompt=add_generation_prompt,
                                         **template_kwargs)
         if self.native_renderer is None:
@@ -243,10 +243,12 @@ class Dialect:
         return render_native(self.native_renderer, messages, tools, add_generation_prompt,
                              **template_kwargs)
 
-    def template_messages(self, messages: Any) -> Any:
-        """The messages the chat template renders (families whose template cannot write past
-        calls put them into the content, as the model writes them)."""
-        return messages
+    def template_inputs(self, messages: Any, tools: list[dict[str, Any]] | None
+                        ) -> tuple[Any, list[dict[str, Any]] | None]:
+        """The messages and tools the chat template renders: families whose template cannot
+        write past calls put them into the content as the model writes them; one whose template
+        reads tools without OpenAI's `function` wrapper gets them so."""
+        return messages, tools
 
     # ----------------------------------------------------------------- grammars
     def grammar_source(self, request: ChatRequest, strict: bool) -> tuple[str, dict[str, Any]]:

@@ -5,7 +5,7 @@ No reasoning in tool use (Granite 3.3's template asks for `<think>`/`<response>`
 without tools). Text before the calls is content (the template asks for calls alone, and vLLM's
 granite parser reads calls only at the start of the output). Granite 3.3's template renders tools but writes an assistant turn's content alone (its past
 calls are lost): the dialect writes past calls into the turn's content as the model wrote them
-(`template_messages`) before the template runs. (Granite 4.0 writes Hermes calls: `hermes`.)
+(`template_inputs`) before the template runs. (Granite 4.0 writes Hermes calls: `hermes`.)
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ class GraniteDialect(TurnDialect):
     peg_includes = ("json_calls.peg",)
     reasons = False
 
-    def template_messages(self, messages: Any) -> list[dict]:
-        return calls_in_content(messages, lambda calls: "<|tool_call|>" + json_call_list(calls))
+    def template_inputs(self, messages: Any, tools: list[dict[str, Any]] | None
+                        ) -> tuple[list[dict], list[dict[str, Any]] | None]:
+        return calls_in_content(messages, lambda calls: "<|tool_call|>" + json_call_list(calls)), tools
 
     @classmethod
     def owns_template(cls, template: str, renderings: Sequence[str]) -> bool:

@@ -4,7 +4,7 @@
 No reasoning. Text before the calls is content (vLLM's phi4_mini_json parser drops it; the
 template writes a turn's content or its calls). vLLM's tool template (data/templates) renders tools, but
 writes a past call turn as bare objects without `functools[...]`: the dialect writes past calls
-into the turn's content as the model wrote them (`template_messages`) before the template runs.
+into the turn's content as the model wrote them (`template_inputs`) before the template runs.
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ class Phi4MiniDialect(TurnDialect):
     peg_includes = ("json_calls.peg",)
     reasons = False
 
-    def template_messages(self, messages: Any) -> list[dict]:
-        return calls_in_content(messages, lambda calls: "functools" + json_call_list(calls))
+    def template_inputs(self, messages: Any, tools: list[dict[str, Any]] | None
+                        ) -> tuple[list[dict], list[dict[str, Any]] | None]:
+        return calls_in_content(messages, lambda calls: "functools" + json_call_list(calls)), tools
 
     @classmethod
     def owns_template(cls, template: str, renderings: Sequence[str]) -> bool:

@@ -228,6 +228,18 @@ def granite_calls(calls: Sequence[Call]) -> str:
     return f"<|tool_call|>{json_list(calls)}"
 
 
+def apertus_calls(calls: Sequence[Call]) -> str:
+    objects = ", ".join(f'{{"{name}": {dumps(args)}}}' for name, args in calls)
+    return f"<|tools_prefix|>[{objects}]<|tools_suffix|>"
+
+
+def apertus_blocks(message: dict, reasoning: str) -> dict:
+    """Apertus' template reads reasoning from a `thoughts` block of the content."""
+    blocks = [{"type": "thoughts", "text": reasoning},
+              {"type": "response", "text": message["content"]}]
+    return {**message, "content": {"blocks": blocks}}
+
+
 APRIEL_VOCAB = functools.partial(qwen_with, (
     "<thinking>", "</thinking>", "<tool_calls>", "</tool_calls>", "<|end|>", "<|system|>",
     "<|user|>", "<|assistant|>", "<|tool_result|>"), ("<|end|>",))
@@ -316,6 +328,16 @@ FAMILIES: dict[str, Family] = {
             qwen_with, ("<|tool_call|>", "<|end_of_text|>", "<|start_of_role|>",
                         "<|end_of_role|>"), ("<|end_of_text|>",)),
         "<|end_of_text|>", granite_calls, ends=("", "<|end_of_text|>"), dialect_renders=True),
+    # its template reads tools without OpenAI's `function` wrapper; so the dialect renders them
+    "apertus": Family(
+        "apertus", "Apertus-8B-Instruct.jinja", functools.partial(qwen_with, (
+            "<|inner_prefix|>", "<|inner_suffix|>", "<|tools_prefix|>", "<|tools_suffix|>",
+            "<|assistant_start|>", "<|assistant_end|>", "<|user_start|>", "<|user_end|>",
+            "<|system_start|>", "<|system_end|>", "<|developer_start|>", "<|developer_end|>"),
+            ("<|assistant_end|>",)),
+        "", apertus_calls, thought="<|inner_prefix|>Hmm.<|inner_suffix|>",
+        ends=("", "<|assistant_end|>"), reasoning=True, with_reasoning=apertus_blocks,
+        string_arguments=True, body=lambda text, calls: text + calls, dialect_renders=True),
 }
 # Families whose templates data/templates lacks: per-request grammars and sampling only (their
 # formats come from xgrammar's structural tags; test_family_examples.py parses them).
@@ -343,7 +365,7 @@ GRAMMARS = _one_per_grammar(ALL_FAMILIES)
 # What detect_dialect says of every template in data/templates: a family's own, or "unknown"
 # (never a guess: GLM-4.6, Seed-OSS and Apriel once passed for Hermes).
 TEMPLATE_DIALECTS = {
-    "Apertus-8B-Instruct.jinja": "unknown",
+    "Apertus-8B-Instruct.jinja": "apertus",
     "ByteDance-Seed-OSS.jinja": "seed-oss",
     "Cohere2MoE.jinja": "cohere",
     "CohereForAI-c4ai-command-r-plus-tool_use.jinja": "unknown",
