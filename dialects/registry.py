@@ -44,6 +44,7 @@ _REGISTRY: dict[str, str] = {
     "llama3": "pegmask.dialects.llama3:Llama3Dialect",
     "apriel": "pegmask.dialects.apriel:AprielDialect",
     "apertus": "pegmask.dialects.apertus:ApertusDialect",
+    "functionary-v3.2": "pegmask.dialects.functionary:FunctionaryDialect",
     "phi4-mini": "pegmask.dialects.phi4_mini:Phi4MiniDialect",
     "granite": "pegmask.dialects.granite:GraniteDialect",
     "mimo": "pegmask.dialects.mimo:MimoDialect",

@@ -240,6 +240,17 @@ def apertus_blocks(message: dict, reasoning: str) -> dict:
     return {**message, "content": {"blocks": blocks}}
 
 
+def functionary_calls(calls: Sequence[Call]) -> str:
+    return ">>>".join(f"{name}\n{dumps(args)}" for name, args in calls)
+
+
+def functionary_body(text: str, calls: str) -> str:
+    """Functionary v3.2's turn after the prompt's `>>>`: `all` and the text, then the calls."""
+    if not text:
+        return calls
+    return f"all\n{text}" + (f">>>{calls}" if calls else "")
+
+
 APRIEL_VOCAB = functools.partial(qwen_with, (
     "<thinking>", "</thinking>", "<tool_calls>", "</tool_calls>", "<|end|>", "<|system|>",
     "<|user|>", "<|assistant|>", "<|tool_result|>"), ("<|end|>",))
@@ -338,6 +349,10 @@ FAMILIES: dict[str, Family] = {
         "", apertus_calls, thought="<|inner_prefix|>Hmm.<|inner_suffix|>",
         ends=("", "<|assistant_end|>"), reasoning=True, with_reasoning=apertus_blocks,
         string_arguments=True, body=lambda text, calls: text + calls, dialect_renders=True),
+    "functionary-v3.2": Family(
+        "functionary-v3.2", "meetkai-functionary-medium-v3.2.jinja", llama3, "<|eot_id|>",
+        functionary_calls, ends=("", "<|eot_id|>"), string_arguments=True,
+        body=functionary_body, template_kwargs={"bos_token": "<|begin_of_text|>"}),
 }
 # Families whose templates data/templates lacks: per-request grammars and sampling only (their
 # formats come from xgrammar's structural tags; test_family_examples.py parses them).
@@ -393,7 +408,7 @@ TEMPLATE_DIALECTS = {
     "llm-jp-llm-jp-4.1-8b-thinking.jinja": "llmjp-harmony",
     "llm-jp-tokenizer-alpha_2.0-chat_template.jinja": "llmjp-harmony",
     "meetkai-functionary-medium-v3.1.jinja": "unknown",
-    "meetkai-functionary-medium-v3.2.jinja": "unknown",
+    "meetkai-functionary-medium-v3.2.jinja": "functionary-v3.2",
     "meta-llama-Llama-3.2-3B-Instruct.jinja": "llama3",
     "mistralai-Ministral-3-14B-Reasoning-2512.jinja": "mistral",
     "mistralai-Mistral-Nemo-Instruct-2407.jinja": "mistral",
