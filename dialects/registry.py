@@ -45,6 +45,7 @@ _REGISTRY: dict[str, str] = {
     "apriel": "pegmask.dialects.apriel:AprielDialect",
     "apertus": "pegmask.dialects.apertus:ApertusDialect",
     "functionary-v3.2": "pegmask.dialects.functionary:FunctionaryDialect",
+    "functionary-v3.1": "pegmask.dialects.functionary_v31:FunctionaryV31Dialect",
     "phi4-mini": "pegmask.dialects.phi4_mini:Phi4MiniDialect",
     "granite": "pegmask.dialects.granite:GraniteDialect",
     "mimo": "pegmask.dialects.mimo:MimoDialect",

@@ -251,6 +251,10 @@ def functionary_body(text: str, calls: str) -> str:
     return f"all\n{text}" + (f">>>{calls}" if calls else "")
 
 
+def functionary_v31_calls(calls: Sequence[Call]) -> str:
+    return "".join(f"<function={name}>{dumps(args)}</function>" for name, args in calls)
+
+
 APRIEL_VOCAB = functools.partial(qwen_with, (
     "<thinking>", "</thinking>", "<tool_calls>", "</tool_calls>", "<|end|>", "<|system|>",
     "<|user|>", "<|assistant|>", "<|tool_result|>"), ("<|end|>",))
@@ -353,6 +357,11 @@ FAMILIES: dict[str, Family] = {
         "functionary-v3.2", "meetkai-functionary-medium-v3.2.jinja", llama3, "<|eot_id|>",
         functionary_calls, ends=("", "<|eot_id|>"), string_arguments=True,
         body=functionary_body, template_kwargs={"bos_token": "<|begin_of_text|>"}),
+    "functionary-v3.1": Family(
+        "functionary-v3.1", "meetkai-functionary-medium-v3.1.jinja", llama3, "<|eom_id|>",
+        functionary_v31_calls, ends=("", "<|eot_id|>", "<|eom_id|>"), string_arguments=True,
+        body=lambda text, calls: text + calls,
+        template_kwargs={"bos_token": "<|begin_of_text|>"}),
 }
 # Families whose templates data/templates lacks: per-request grammars and sampling only (their
 # formats come from xgrammar's structural tags; test_family_examples.py parses them).
@@ -407,7 +416,7 @@ TEMPLATE_DIALECTS = {
     "ibm-granite-granite-4.0.jinja": "hermes",
     "llm-jp-llm-jp-4.1-8b-thinking.jinja": "llmjp-harmony",
     "llm-jp-tokenizer-alpha_2.0-chat_template.jinja": "llmjp-harmony",
-    "meetkai-functionary-medium-v3.1.jinja": "unknown",
+    "meetkai-functionary-medium-v3.1.jinja": "functionary-v3.1",
     "meetkai-functionary-medium-v3.2.jinja": "functionary-v3.2",
     "meta-llama-Llama-3.2-3B-Instruct.jinja": "llama3",
     "mistralai-Ministral-3-14B-Reasoning-2512.jinja": "mistral",
