@@ -235,6 +235,7 @@ class Dialect:
         if self.chat_template is not None:
             from pegmask.dialects.templating import render_chat_template
 
+            messages, tools = self.template_inputs(messages, tools)
             return render_chat_template(self.chat_template, messages, tools=tools,
                                         add_generation_prompt=add_generation_prompt,
                                         **template_kwargs)
@@ -244,6 +245,13 @@ class Dialect:
 
         return render_native(self.native_renderer, messages, tools, add_generation_prompt,
                              **template_kwargs)
+
+    def template_inputs(self, messages: Any, tools: list[dict[str, Any]] | None
+                        ) -> tuple[Any, list[dict[str, Any]] | None]:
+        """The messages and tools the chat template renders: families whose template cannot
+        write past calls put them into the content as the model writes them; one whose template
+        reads tools without OpenAI's `function` wrapper gets them so."""
+        return messages, tools
 
     # ----------------------------------------------------------------- grammars
     def grammar_source(self, request: ChatRequest, strict: bool) -> tuple[str, dict[str, Any]]:
@@ -333,6 +341,10 @@ class TurnDialect(Dialect):
     """
 
     peg_file: ClassVar[str] = ""
+    #: shared `.peg` pieces whose rules and sections the family's `.peg` builds on (e.g.
+    #: ``json_calls.peg``, the `{"name", "arguments"}` objects of the JSON-list formats); a
+    #: section the family's file also has is the family's
+    peg_includes: ClassVar[tuple[str, ...]] = ()
     #: whether a call region may end reasoning without `think_close` (when parsing)
     implicit_reasoning_end: ClassVar[bool] = True
     #: whether a turn is an answer or calls, never both (Llama 3's JSON calls: a call is the
@@ -348,7 +360,7 @@ class TurnDialect(Dialect):
     )
 
     def grammar_source(self, request: ChatRequest, strict: bool) -> tuple[str, dict[str, Any]]:
-        sections = peg_sections(load_peg(self.peg_file))
+        sections = self.sections()
         schemas: dict[str, Any] = {}
         if strict and request.allowed_tools:
             bodies = []
@@ -382,6 +394,14 @@ class TurnDialect(Dialect):
         stops = ", ".join(peg_literal(s) for s in (self.word_stop, " ", "\t", "\r", "\n"))
         return (f"word = [^ \\t\\r\\n{escaped}] until({stops})"
                 f" | {peg_literal(first)} until({peg_literal(rest)}, {stops})\n")
+
+    def sections(self) -> dict[str, str]:
+        """The family's `.peg` sections on top of those of its `peg_includes`."""
+        merged = {"": ""}
+        for filename in (*self.peg_includes, self.peg_file):
+            for name, text in peg_sections(load_peg(filename)).items():
+                merged[name] = merged[""] + text if name == "" else text
+        return merged
 
     def substitutions(self, strict: bool) -> dict[str, str]:
         """Extra `$placeholders` of the shared part (e.g. DSML's block name)."""

@@ -44,6 +44,12 @@ _REGISTRY: dict[str, str] = {
     "deepseek-r1": "pegmask.dialects.deepseek:DeepSeekR1Dialect",
     "mistral": "pegmask.dialects.mistral:MistralDialect",
     "llama3": "pegmask.dialects.llama3:Llama3Dialect",
+    "apriel": "pegmask.dialects.apriel:AprielDialect",
+    "apertus": "pegmask.dialects.apertus:ApertusDialect",
+    "functionary-v3.2": "pegmask.dialects.functionary:FunctionaryDialect",
+    "functionary-v3.1": "pegmask.dialects.functionary_v31:FunctionaryV31Dialect",
+    "phi4-mini": "pegmask.dialects.phi4_mini:Phi4MiniDialect",
+    "granite": "pegmask.dialects.granite:GraniteDialect",
     "mimo": "pegmask.dialects.mimo:MimoDialect",
     "exaone": "pegmask.dialects.exaone:ExaoneDialect",
     "hermes-xml": "pegmask.dialects.hermes_xml:HermesXmlDialect",
@@ -124,20 +130,37 @@ def _probe_messages(arguments: Any) -> list[dict[str, Any]]:
 
 
 @functools.lru_cache(maxsize=32)
-def probe_renderings(template: str) -> tuple[str, ...]:
+def probe_renderings(template: str, flat_tools: bool = False) -> tuple[str, ...]:
     """The template's renderings of the probe conversation, with the call's arguments as an
-    object and as JSON text (templates expect one or the other); those that fail are left out."""
+    object and as JSON text (templates expect one or the other); those that fail are left out.
+    `flat_tools`: the tool without OpenAI's `function` wrapper (what Apertus' template reads)."""
     from pegmask.dialects.templating import render_chat_template
 
+    tool = PROBE_TOOL["function"] if flat_tools else PROBE_TOOL
     out = []
     for arguments in (PROBE_ARGUMENTS, json.dumps(PROBE_ARGUMENTS)):
         try:
             out.append(render_chat_template(template, _probe_messages(arguments),
-                                            tools=[PROBE_TOOL], add_generation_prompt=True,
+                                            tools=[tool], add_generation_prompt=True,
                                             bos_token="", eos_token=""))
         except Exception:  # noqa: BLE001 - a template may fail in any way on one shape
             continue
     return tuple(out)
+
+
+@functools.lru_cache(maxsize=32)
+def tools_prompt(template: str) -> str:
+    """What the template writes for the probe tool, one user message and the generation prompt,
+    with no system message ("" if it cannot): where a template writes its own tool-use system
+    prompt (Granite 3.3's instructions)."""
+    from pegmask.dialects.templating import render_chat_template
+
+    try:
+        return render_chat_template(template, [{"role": "user", "content": "Question?"}],
+                                    tools=[PROBE_TOOL], add_generation_prompt=True,
+                                    bos_token="", eos_token="")
+    except Exception:  # noqa: BLE001 - a template may fail in any way
+        return ""
 
 
 @functools.lru_cache(maxsize=32)

@@ -12,7 +12,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pegmask.dialects.history import History, Message, normalize_history, normalize_tools
+from pegmask.dialects.history import (
+    History,
+    Message,
+    ToolCall,
+    normalize_history,
+    normalize_tools,
+)
 from pegmask.dialects.replay import ReplayMemory
 
 
@@ -145,3 +151,21 @@ def render_turns(
     if add_generation_prompt:
         out.append(spec.header + spec.opening(thinking))
     return "".join(out)
+
+
+def calls_in_content(messages: Any, write: Callable[[Sequence[ToolCall]], str]) -> list[dict]:
+    """Chat messages with each assistant turn's calls written into its content by `write` (as
+    the model writes them), for templates that drop past calls or write them in another form
+    than the model's (Granite 3.3, Phi-4-mini's vLLM template)."""
+    history = normalize_history(messages)
+    for message in history.messages:
+        if message.tool_calls:
+            message.content += write(message.tool_calls)
+            message.parts, message.tool_calls = None, []
+    return history.to_template_messages()
+
+
+def json_call_list(calls: Sequence[ToolCall]) -> str:
+    """Calls as a JSON list of `{"name", "arguments"}` objects (json_calls.peg's form)."""
+    return "[" + ", ".join(f'{{"name": {dumps(call.name)}, "arguments": {call.arguments_json}}}'
+                           for call in calls) + "]"

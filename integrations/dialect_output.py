@@ -129,9 +129,11 @@ class ReasoningSplit:
             return ""
         self._finished = True
         reasoning: list[str] = []
+        parsed = False
         if not self._starts:
             try:
                 self._events(self._parser.finish(), reasoning)
+                parsed = True
             except ParseError:
                 pass
         if self._starts:
@@ -139,7 +141,9 @@ class ReasoningSplit:
                 start.finish()
             self._decide(final=True)
         elif not self._reasoning:  # not cut off inside the reasoning: framing is left
-            self._split = self._complete_from(self._reasoning_end) if self._reasoned else 0
+            # (all of it framing when no reasoning closed, an empty `</think>` say)
+            low = self._reasoning_end if self._reasoned else 0
+            self._split = self._complete_from(low) if self._reasoned or parsed else 0
         return "".join(reasoning)
 
     def _events(self, events: list[Any], reasoning: list[str]) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -142,6 +143,9 @@ class Family:
     # whether tools declare their nested types (formats that type nested values by the schema)
     values: Any = None
     typed_schemas: bool = False
+    # the template cannot write past calls in the model's form: the dialect renders the turn
+    # (the template, with the calls written into the content as the model writes them)
+    dialect_renders: bool = False
 
     @property
     def template_text(self) -> str:
@@ -252,20 +256,35 @@ def rendered_turn(family: Family, tools: list[dict], message: dict[str, Any]) ->
     """The assistant turn as the template writes it: the full rendering after the generation
     prompt, cut after the end-of-turn token."""
     history = PROMPT if family.system else PROMPT[1:]
+    template = None if family.native else family.template_text
     if family.native:
-        def render(messages: list[dict[str, Any]], **options: Any) -> str:
-            return render_native(family.dialect, messages, options.pop("tools"),
-                                 options.pop("add_generation_prompt"), **options)
+        def render(messages: list[dict], add_generation_prompt: bool) -> str:
+            return render_native(family.dialect, messages, tools, add_generation_prompt,
+                                 **family.template_kwargs)
+    elif family.dialect_renders:
+        from pegmask.dialects import get_dialect
+
+        dialect = get_dialect(family.dialect, chat_template=template, **family.options)
+
+        def render(messages: list[dict], add_generation_prompt: bool) -> str:
+            return dialect.render(messages, tools, add_generation_prompt,
+                                  **family.template_kwargs)
     else:
-        render = functools.partial(render_chat_template, family.template_text)
-    prompt = render(history, tools=tools, add_generation_prompt=True, **family.template_kwargs)
-    full = render([*history, message], tools=tools, add_generation_prompt=False,
-                  **family.template_kwargs)
+        def render(messages: list[dict], add_generation_prompt: bool) -> str:
+            return render_chat_template(template, messages, tools=tools,
+                                        add_generation_prompt=add_generation_prompt,
+                                        **family.template_kwargs)
+
+    prompt = render(history, True)
+    full = render([*history, message], False)
     if family.turn_start is not None:  # the first turn start after the history
-        before = render(history, tools=tools, add_generation_prompt=False,
-                        **family.template_kwargs)
-        assert full.startswith(before), (before, full)
-        turn = full[full.index(family.turn_start, len(before)) + len(family.turn_start):]
+        before = render(history, False)
+        # (Command R+'s template writes a closing system turn after every history: there the
+        # turn starts in what follows the part the two renderings share)
+        shared = len(before) if full.startswith(before) else \
+            len(os.path.commonprefix([before, full])) - len(family.turn_start)
+        start = full.index(family.turn_start, max(0, shared))
+        turn = full[start + len(family.turn_start):]
     else:
         assert full.startswith(prompt), (prompt, full)
         turn = full[len(prompt):]

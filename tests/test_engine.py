@@ -350,10 +350,20 @@ def test_noise_writes_every_dialects_calls(noise_engine: Engine, dialect: str) -
                                 NOISE_TOOL["function"]["parameters"])
 
 
+# A chat template with tools in a format no dialect speaks (calls as `CALL name(arguments)`).
+UNKNOWN_FORMAT_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\nTools: {{ tools | tojson }}. Call one as "
+    "CALL name(arguments).<|im_end|>\n{% endif %}"
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+    "{%- for c in m.tool_calls or [] %}CALL {{ c.function.name }}({{ c.function.arguments }})"
+    "{%- endfor %}<|im_end|>\n{% endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
 def test_an_unknown_dialect_serves_plain_chats(caplog: pytest.LogCaptureFixture) -> None:
     """A template whose tool-call format no dialect claims: chats are plain text, tools a 400
     naming them, response formats still constrain the answer."""
-    template = (TEMPLATES / "unsloth-Apriel-1.5.jinja").read_text()
+    template = UNKNOWN_FORMAT_TEMPLATE
     with caplog.at_level("WARNING", logger="pegmask.engine"):
         engine = Engine(chat_template=template, prewarm=False)
     assert engine.dialect_name == "unknown" and engine.dialect is None

@@ -214,6 +214,55 @@ MISTRAL_VOCAB = functools.partial(qwen_with, ("[TOOL_CALLS]", "[ARGS]", "[CALL_I
                                               "[/THINK]", "</s>", "[INST]", "[/INST]"), ("</s>",))
 MISTRAL_KWARGS = {"bos_token": "<s>", "eos_token": "</s>"}
 
+def json_list(calls: Sequence[Call]) -> str:
+    """Calls as the JSON-list families write them (json_calls.peg)."""
+    return "[" + ", ".join(f'{{"name": "{name}", "arguments": {dumps(args)}}}'
+                           for name, args in calls) + "]"
+
+
+def apriel_calls(calls: Sequence[Call]) -> str:
+    return f"<tool_calls>{json_list(calls)}</tool_calls>"
+
+
+def phi4_mini_calls(calls: Sequence[Call]) -> str:
+    return f"functools{json_list(calls)}"
+
+
+def granite_calls(calls: Sequence[Call]) -> str:
+    return f"<|tool_call|>{json_list(calls)}"
+
+
+def apertus_calls(calls: Sequence[Call]) -> str:
+    objects = ", ".join(f'{{"{name}": {dumps(args)}}}' for name, args in calls)
+    return f"<|tools_prefix|>[{objects}]<|tools_suffix|>"
+
+
+def apertus_blocks(message: dict, reasoning: str) -> dict:
+    """Apertus' template reads reasoning from a `thoughts` block of the content."""
+    blocks = [{"type": "thoughts", "text": reasoning},
+              {"type": "response", "text": message["content"]}]
+    return {**message, "content": {"blocks": blocks}}
+
+
+def functionary_calls(calls: Sequence[Call]) -> str:
+    return ">>>".join(f"{name}\n{dumps(args)}" for name, args in calls)
+
+
+def functionary_body(text: str, calls: str) -> str:
+    """Functionary v3.2's turn after the prompt's `>>>`: `all` and the text, then the calls."""
+    if not text:
+        return calls
+    return f"all\n{text}" + (f">>>{calls}" if calls else "")
+
+
+def functionary_v31_calls(calls: Sequence[Call]) -> str:
+    return "".join(f"<function={name}>{dumps(args)}</function>" for name, args in calls)
+
+
+APRIEL_VOCAB = functools.partial(qwen_with, (
+    "<thinking>", "</thinking>", "<tool_calls>", "</tool_calls>", "<|end|>", "<|system|>",
+    "<|user|>", "<|assistant|>", "<|tool_result|>"), ("<|end|>",))
+
 FAMILIES: dict[str, Family] = {
     "llama3": Family(
         "llama3", "meta-llama-Llama-3.2-3B-Instruct.jinja", llama3, "<|eot_id|>", llama3_calls,
@@ -282,6 +331,41 @@ FAMILIES: dict[str, Family] = {
         "gemma", "google-gemma-4-31B-it.jinja", GEMMA_VOCAB, "<|tool_response>", gemma_calls,
         thought="<|channel>thought\nHmm.\n<channel|>", ends=("", "<turn|>", "<|tool_response>"),
         reasoning=True, content_with_calls=False, template_kwargs={"enable_thinking": True}),
+    "apriel-1.5": Family(
+        "apriel", "unsloth-Apriel-1.5.jinja", APRIEL_VOCAB, "<|end|>", apriel_calls,
+        thought="<thinking>Hmm.</thinking>", ends=("", "<|end|>"), string_arguments=True,
+        template_kwargs={"bos_token": "<s>", "eos_token": "</s>"}),
+    # vLLM's template writes past calls without functools[...]; so the dialect renders them
+    "phi4-mini": Family(
+        "phi4-mini", "vllm-tool_chat_template_phi4_mini.jinja", functools.partial(
+            qwen_with, ("<|end|>", "<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>",
+                        "<|tool|>"), ("<|end|>",)),
+        "<|end|>", phi4_mini_calls, ends=("", "<|end|>"), dialect_renders=True),
+    # Granite 3.3's template drops past calls; so the dialect renders them
+    "granite-3.3": Family(
+        "granite", "ibm-granite-granite-3.3-2B-Instruct.jinja", functools.partial(
+            qwen_with, ("<|tool_call|>", "<|end_of_text|>", "<|start_of_role|>",
+                        "<|end_of_role|>"), ("<|end_of_text|>",)),
+        "<|end_of_text|>", granite_calls, ends=("", "<|end_of_text|>"), dialect_renders=True),
+    # its template reads tools without OpenAI's `function` wrapper; so the dialect renders them
+    "apertus": Family(
+        "apertus", "Apertus-8B-Instruct.jinja", functools.partial(qwen_with, (
+            "<|inner_prefix|>", "<|inner_suffix|>", "<|tools_prefix|>", "<|tools_suffix|>",
+            "<|assistant_start|>", "<|assistant_end|>", "<|user_start|>", "<|user_end|>",
+            "<|system_start|>", "<|system_end|>", "<|developer_start|>", "<|developer_end|>"),
+            ("<|assistant_end|>",)),
+        "", apertus_calls, thought="<|inner_prefix|>Hmm.<|inner_suffix|>",
+        ends=("", "<|assistant_end|>"), reasoning=True, with_reasoning=apertus_blocks,
+        string_arguments=True, body=lambda text, calls: text + calls, dialect_renders=True),
+    "functionary-v3.2": Family(
+        "functionary-v3.2", "meetkai-functionary-medium-v3.2.jinja", llama3, "<|eot_id|>",
+        functionary_calls, ends=("", "<|eot_id|>"), string_arguments=True,
+        body=functionary_body, template_kwargs={"bos_token": "<|begin_of_text|>"}),
+    "functionary-v3.1": Family(
+        "functionary-v3.1", "meetkai-functionary-medium-v3.1.jinja", llama3, "<|eom_id|>",
+        functionary_v31_calls, ends=("", "<|eot_id|>", "<|eom_id|>"), string_arguments=True,
+        body=lambda text, calls: text + calls,
+        template_kwargs={"bos_token": "<|begin_of_text|>"}),
 }
 # Families whose templates data/templates lacks: per-request grammars and sampling only (their
 # formats come from xgrammar's structural tags; test_family_examples.py parses them).
@@ -341,7 +425,7 @@ GRAMMARS = _one_per_grammar(ALL_FAMILIES)
 # What detect_dialect says of every template in data/templates: a family's own, or "unknown"
 # (never a guess: GLM-4.6, Seed-OSS and Apriel once passed for Hermes).
 TEMPLATE_DIALECTS = {
-    "Apertus-8B-Instruct.jinja": "unknown",
+    "Apertus-8B-Instruct.jinja": "apertus",
     "ByteDance-Seed-OSS.jinja": "seed-oss",
     "Cohere2MoE.jinja": "cohere",
     "CohereForAI-c4ai-command-r-plus-tool_use.jinja": "unknown",
@@ -364,12 +448,12 @@ TEMPLATE_DIALECTS = {
     "deepseek-ai-DeepSeek-V3.1.jinja": "deepseek-v3.1",
     "glm_4_5.jinja": "glm",
     "google-gemma-4-31B-it.jinja": "gemma",
-    "ibm-granite-granite-3.3-2B-Instruct.jinja": "unknown",
+    "ibm-granite-granite-3.3-2B-Instruct.jinja": "granite",
     "ibm-granite-granite-4.0.jinja": "hermes",
     "llm-jp-llm-jp-4.1-8b-thinking.jinja": "llmjp-harmony",
     "llm-jp-tokenizer-alpha_2.0-chat_template.jinja": "llmjp-harmony",
-    "meetkai-functionary-medium-v3.1.jinja": "unknown",
-    "meetkai-functionary-medium-v3.2.jinja": "unknown",
+    "meetkai-functionary-medium-v3.1.jinja": "functionary-v3.1",
+    "meetkai-functionary-medium-v3.2.jinja": "functionary-v3.2",
     "meta-llama-Llama-3.2-3B-Instruct.jinja": "llama3",
     "mistralai-Ministral-3-14B-Reasoning-2512.jinja": "mistral",
     "mistralai-Mistral-Nemo-Instruct-2407.jinja": "mistral",
@@ -377,10 +461,10 @@ TEMPLATE_DIALECTS = {
     "nvidia-Llama-3_3-Nemotron-Super-49B-v1_5.jinja": "nemotron",
     "openai-gpt-oss-120b.jinja": "harmony",
     "tencent-Hy3.jinja": "hunyuan",
-    "unsloth-Apriel-1.5.jinja": "unknown",
+    "unsloth-Apriel-1.5.jinja": "apriel",
     "vllm-tool_chat_template_deepseekr1.jinja": "deepseek-r1",
     "vllm-tool_chat_template_hermes.jinja": "hermes",
-    "vllm-tool_chat_template_phi4_mini.jinja": "unknown",
+    "vllm-tool_chat_template_phi4_mini.jinja": "phi4-mini",
 }
 ROUND_TRIPS = settings(max_examples=12, deadline=None, phases=[Phase.explicit, Phase.generate],
                        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -143,6 +143,29 @@ EXAMPLES = {
         "<cofl:value name=\"n\" type=\"int\">7</cofl:value></cofl:tool_call></cofl:tool_calls>",
         message("<cofl:tool_calls><cofl:tool_call id=\"0\" name=\"f\"><cofl:value name=\"n\" "
                 "type=\"int\">7</cofl:value></cofl:tool_call></cofl:tool_calls>")),
+    "apriel past call with its id, after thinking": (
+        "apriel", {}, '<thinking>Look.</thinking>Ok.\n<tool_calls>[{"name": "get_weather", '
+                      '"arguments": {"city": "Tokyo"}, "id": "call_1"}, {"arguments": {}, '
+                      '"name": "get_time"}]</tool_calls>\n<|end|>',
+        message("Ok.", "Look.", [WEATHER, TIME])),
+    "phi4-mini text before the functools list": (
+        "phi4-mini", {}, 'Checking. functools[{"name": "get_weather", "arguments": '
+                         '{"city": "Tokyo"}}]<|end|>', message("Checking.", None, [WEATHER])),
+    "granite cut-off list is dropped": (
+        "granite", {}, '<|tool_call|>[{"name": "get_weather", "arguments": {"city": "To',
+        message(None)),
+    "apertus deliberation, then calls": (
+        "apertus", {}, '<|inner_prefix|>Look.<|inner_suffix|><|tools_prefix|>[{"get_weather": '
+                       '{"city": "Tokyo"}}, {"get_time": {}}]<|tools_suffix|>',
+        message(None, "Look.", [WEATHER, TIME])),
+    "functionary-v3.2 plain text without a recipient is content": (
+        "functionary-v3.2", {}, "Hello there.<|eot_id|>", message("Hello there.")),
+    "functionary-v3.2 content then calls": (
+        "functionary-v3.2", {}, 'all\nOk.>>>get_weather\n{"city": "Tokyo"}>>>get_time\n{}'
+                                "<|eot_id|>", message("Ok.", None, [WEATHER, TIME])),
+    "functionary-v3.1 python tag code (not spoken) stays raw content": (
+        "functionary-v3.1", {}, "<|python_tag|>print(1)<|eom_id|>",
+        message("<|python_tag|>print(1)")),
 }
 
 

@@ -32,7 +32,8 @@ FIXED = {
                    "</function>\n</tool_call><|im_end|>"],
     "dsml": ["Need it.</think>\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"lookup\">\n"
              "<｜DSML｜parameter name=\"q\" string=\"true\">x</｜DSML｜parameter>\n"
-             "</｜DSML｜invoke>\n</｜DSML｜function_calls><｜end▁of▁sentence｜>"],
+             "</｜DSML｜invoke>\n</｜DSML｜function_calls><｜end▁of▁sentence｜>",
+             "</think>"],  # empty reasoning, nothing after: all framing
     "llmjp-harmony": ["<|channel|> analysis<|message|> I'm\nthinking<|end|><|start|> assistant"
                       "<|channel|> final<|message|> Hello!",
                       "<|channel|> analysis<|message|> plan<|end|><|start|> assistant to=functions."
@@ -41,6 +42,12 @@ FIXED = {
                 '<parameter name="q">x</parameter>\n</invoke>\n</minimax:tool_call>'],
     "seed-oss": ["<seed:think>plan</seed:think>Ok.<seed:tool_call>\n<function=lookup>\n"
                  "<parameter=q>x</parameter>\n</function>\n</seed:tool_call>"],
+    "minimax-m3": ["<mm:think>plan</mm:think>Ok.]<]minimax[>[<tool_call>\n]<]minimax[>[<invoke "
+                   'name="lookup">\n]<]minimax[>[<q>x]<]minimax[>[</q>\n]<]minimax[>[</invoke>\n'
+                   "]<]minimax[>[</tool_call>"],
+    "cohere-xml": ['Plan.<|END_THINKING|><cofl:tool_calls><cofl:tool_call id="0" name="lookup">'
+                   '<cofl:value name="q" type="raw">x</cofl:value></cofl:tool_call>'
+                   "</cofl:tool_calls><|END_OF_TURN_TOKEN|>"],
     "mimo": ["<think>plan</think>Ok.<tool_call><function=lookup><parameter=q>x</parameter>"
              "</function></tool_call>"],
 }
