@@ -1276,10 +1276,11 @@ class GrammarMatcher:
         """Write into row `index` the tokens that close the output within `remaining` tokens
         (this one included): allowed tokens that lower `completion_distance` and leave a
         completion of at most `remaining - 1` tokens (`completion_token_count`); where the
-        distance is 0, the stop tokens.
+        distance is 0, the stop tokens that end the output here (not one the grammar also reads
+        as a symbol and would go on with: then none, and the output can only be cut here).
 
-        With `remaining >= completion_token_count()` the row is never empty (the plan's first
-        token is in it) and sampling from such rows ends in a complete parse within the
+        With `remaining >= completion_token_count() > 0` the row is never empty (the plan's
+        first token is in it) and sampling from such rows ends in a complete parse within the
         budget; with less, the row is that of `remaining = completion_token_count()` (the
         quickest way to a complete parse). No tokens where no input completes the grammar."""
         if bitmask is not self._bitmask:
@@ -1289,7 +1290,8 @@ class GrammarMatcher:
         if count is None or self._terminated:
             tokens: Sequence[int] = []
         elif count == 0:
-            tokens = compiled._mask_stop_ids
+            tokens = [t for t in compiled._mask_stop_ids if t in compiled.stop_ids
+                      or compiled.state_after_token(self._state, t) == DEAD]
         else:
             candidates, lengths = compiled.completions.closing_candidates(self._state)
             tokens = candidates[lengths <= max(remaining, count) - 1]

@@ -210,6 +210,19 @@ def test_the_closing_mask_lowers_the_distance_within_the_budget():
     assert set(allowed_ids(matcher, bitmask).tolist()) == set(vocab.eos_ids)
 
 
+def test_a_stop_token_the_grammar_reads_does_not_close() -> None:
+    """SmolLM2's EOS is <|im_end|>; where the grammar may end but would read <|im_end|> as its
+    own symbol, that token goes on rather than stops, so the closing row leaves it out."""
+    compiled = compiler("smollm2").compile(Grammar.from_peg('root = (token("<|im_end|>") "a")*'))
+    matcher = compiled.matcher()
+    bitmask = allocate_token_bitmask(1, compiled.vocab.size)
+    assert matcher.completion_token_count() == 0
+    matcher.fill_closing_bitmask(bitmask, 0, 1)
+    assert allowed_ids(matcher, bitmask).size == 0
+    eos = compiled.vocab.eos_ids[0]
+    assert matcher.accept_token(eos) and not matcher.stopped  # read as the grammar's symbol
+
+
 # --------------------------------------------------------------------------- random grammars
 ATOMS = ['"a"', '"bc"', '"{"', '"}"', '"\\""', '"<"', '"</"', "[a-c]", "[0-9]", '[^"\\\\]',
          'token("<tool_call>")', 'token("</tool_call>")', 'token("<|im_end|>")',
@@ -296,7 +309,7 @@ def decode_within(compiled: CompiledGrammar, budget: int, margin: int,
             assert matcher.accept_tokens(tokens)
             out += tokens
             break
-        closing = remaining <= count + margin
+        closing = 0 < count and remaining <= count + margin  # at 0 the output may end here
         if closing:
             matcher.fill_closing_bitmask(bitmask, 0, remaining)
         else:
