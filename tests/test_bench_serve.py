@@ -11,7 +11,7 @@ from pegmask.cli import main as cli
 
 def test_serve_bench_smoke(tmp_path: Path) -> None:
     out = tmp_path / "serve.md"
-    assert cli(["bench", "serve", "--clients", "1,2", "--requests", "2", "--max-tokens", "40",
+    assert cli(["bench", "serve", "--clients", "1,2", "--requests", "2", "--max-tokens", "32",
                 "--apis", "chat,messages", "--no-probe", "--out", str(out)]) == 0
     data = json.loads(out.with_suffix(".json").read_text())
     phases = {(p["clients"], p["mode"]): p for p in data["phases"]}

@@ -190,6 +190,7 @@ def _run_matrix(engine: Engine, matrix: list[tuple], batch: int) -> None:
         _check_calls(calls, allowed)
 
 
+@pytest.mark.slow  # ~70 s; tests/test_server.py drives the same modes through each API
 def test_tool_choice_subset(engine: Engine) -> None:
     cases = [CASES[i] for i in SUBSET]
     _run_matrix(engine, _matrix(cases, seeds=[0], parallel=cases[:2]), batch=len(cases) * 3 + 2)
