@@ -26,6 +26,7 @@ _PROBE_CALL = re.compile(
 class CohereDialect(TurnDialect):
     name = "cohere"
     peg_file = "cohere.peg"
+    peg_includes = ("tool_name_calls.peg",)
 
     def substitutions(self, strict: bool) -> dict[str, str]:
         return {"jws": "[ \\t\\r\\n]{0,32}" if strict else "ws"}

@@ -36,6 +36,7 @@ _REGISTRY: dict[str, str] = {
     "minimax": "pegmask.dialects.minimax:MiniMaxDialect",
     "minimax-m3": "pegmask.dialects.minimax_m3:MiniMaxM3Dialect",
     "cohere": "pegmask.dialects.cohere:CohereDialect",
+    "command-r": "pegmask.dialects.command_r:CommandRDialect",
     "cohere-xml": "pegmask.dialects.cohere_xml:CohereXmlDialect",
     "nemotron": "pegmask.dialects.nemotron:NemotronDialect",
     "seed-oss": "pegmask.dialects.seed_oss:SeedOssDialect",

@@ -119,6 +119,13 @@ def cohere_calls(calls: Sequence[Call]) -> str:
     return f"<|START_ACTION|>[\n{objects}\n]<|END_ACTION|>"
 
 
+def command_r_calls(calls: Sequence[Call]) -> str:
+    objects = ",\n".join(
+        f'    {{\n        "tool_name": "{name}",\n        "parameters": {dumps(args)}\n    }}'
+        for name, args in calls)
+    return f"Action:\n```json\n[\n{objects}\n]```"
+
+
 def nemotron_calls(calls: Sequence[Call]) -> str:
     objects = ", ".join(dumps({"name": name, "arguments": args}) for name, args in calls)
     return f"<TOOLCALL>[{objects}]</TOOLCALL>"
@@ -309,6 +316,12 @@ FAMILIES: dict[str, Family] = {
         "cohere", "Cohere2MoE.jinja", COHERE_VOCAB, "<|END_OF_TURN_TOKEN|>", cohere_calls,
         thought="Hmm.<|END_THINKING|>", ends=("", "<|END_OF_TURN_TOKEN|>"), reasoning=True,
         content_with_calls=False),
+    # the template writes no end-of-turn token after the calls, and a closing system turn after
+    # every history; it cannot type every tool schema, so the dialect renders (fills them in)
+    "command-r-plus": Family(
+        "command-r", "CohereForAI-c4ai-command-r-plus-tool_use.jinja", COHERE_VOCAB, "]```\n",
+        command_r_calls, ends=("", "<|END_OF_TURN_TOKEN|>"),
+        turn_start="<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>", dialect_renders=True),
     "nemotron-super-v1.5": Family(
         "nemotron", "nvidia-Llama-3_3-Nemotron-Super-49B-v1_5.jinja", llama3, "<|eot_id|>",
         nemotron_calls, thought="<think>\nHmm.\n</think>\n\n", ends=("", "<|eot_id|>")),
@@ -428,7 +441,7 @@ TEMPLATE_DIALECTS = {
     "Apertus-8B-Instruct.jinja": "apertus",
     "ByteDance-Seed-OSS.jinja": "seed-oss",
     "Cohere2MoE.jinja": "cohere",
-    "CohereForAI-c4ai-command-r-plus-tool_use.jinja": "unknown",
+    "CohereForAI-c4ai-command-r-plus-tool_use.jinja": "command-r",
     "DeepSeek-V3.2.jinja": "dsml",
     "GLM-4.6.jinja": "glm",
     "GLM-4.7-Flash.jinja": "glm",
