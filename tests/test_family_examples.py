@@ -100,6 +100,11 @@ EXAMPLES = {
                       "\"tool_name\": \"get_weather\", \"parameters\": {\"city\": \"Tokyo\"}}\n]"
                       "<|END_ACTION|><|END_OF_TURN_TOKEN|>",
         message(None, "Plan.", [WEATHER])),
+    "command-r action on the Action: line, fence closed on its own line (Cohere's docs)": (
+        "command-r", {}, "I will look.\nAction: ```json\n[{\"tool_name\": \"get_weather\", "
+                         "\"parameters\": {\"city\": \"Tokyo\"}}, {\"tool_name\": \"get_time\", "
+                         "\"parameters\": {}}]\n```<|END_OF_TURN_TOKEN|>",
+        message("I will look.", None, [WEATHER, TIME])),
     "nemotron content then list": (
         "nemotron", {}, "<think>\nLook.\n</think>\n\nOk.<TOOLCALL>[{\"name\": \"get_weather\", "
                         "\"arguments\": {\"city\": \"Tokyo\"}}]</TOOLCALL><|eot_id|>",
@@ -228,6 +233,26 @@ def test_dsml_v41_strict_grammar_writes_the_spaced_tags() -> None:
     assert v41.matches(spaced) and not v4.matches(spaced)
     unspaced = spaced.replace("｜DSML｜ ", "｜DSML｜").replace("calls>", "tool_calls>")
     assert v4.matches(unspaced) and not v41.matches(unspaced)
+
+
+def test_command_r_template_gets_tools_it_can_type() -> None:
+    """Command R+'s signature macro fails on a parameter without a description or an object
+    without `additionalProperties`; the dialect fills them in (untypable types become `Any`)."""
+    from pegmask.bench.data import TEMPLATES_DIR
+    from pegmask.dialects import render_chat_template
+
+    template = (TEMPLATES_DIR / "CohereForAI-c4ai-command-r-plus-tool_use.jinja").read_text()
+    tool = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"o": {"type": "object"}, "n": {"type": "null"},
+                                         "s": {"type": "string", "description": "S."}},
+        "required": ["s"]}}}
+    messages = [{"role": "user", "content": "Go."}]
+    with pytest.raises(Exception, match="description|additionalProperties"):
+        render_chat_template(template, messages, tools=[tool])
+    prompt = get_dialect("command-r", chat_template=template).render(messages, [tool])
+    assert ("def f(o: Optional[Dict[str, Any]] = None, n: Optional[Any] = None, s: str)"
+            in prompt)
+    assert "        s (str): S." in prompt
 
 
 MIMO_TEMPLATE = (  # MiMo-V2.6's call rendering, reduced to what detection reads
