@@ -6,7 +6,8 @@ characters a run under the strict grammar). Prompts come from the model's tool_u
 which renders tools as Python signatures and past calls (with arguments as objects). Its
 signature macro fails on tools it cannot type (a parameter without a description, an object
 without `additionalProperties`, a `null` type), so the template gets each tool with the fields
-it reads filled in (`template_inputs`); what it cannot type it writes as `Any`.
+it reads filled in (`template_inputs`); what it cannot type it writes as `Any`. It writes a past
+call's arguments with `tojson`, so it gets them as objects (Chat Completions sends JSON text).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pegmask.dialects.cohere import CohereDialect
+from pegmask.dialects.history import normalize_history
 
 # The probe call as Command R+'s template writes it.
 _PROBE_CALL = re.compile(
@@ -57,7 +59,8 @@ class CommandRDialect(CohereDialect):
 
     def template_inputs(self, messages: Any, tools: list[dict[str, Any]] | None
                         ) -> tuple[Any, list[dict[str, Any]] | None]:
-        return messages, tools and [template_tool(tool) for tool in tools]
+        return (normalize_history(messages).to_template_messages(),
+                tools and [template_tool(tool) for tool in tools])
 
     @classmethod
     def owns_template(cls, template: str, renderings: Sequence[str]) -> bool:

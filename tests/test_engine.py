@@ -243,11 +243,37 @@ def test_missing_specials_are_spelled_and_stay_atomic(engine: Engine) -> None:
     ("openai-gpt-oss-120b.jinja", "harmony"),
     ("llm-jp-llm-jp-4.1-8b-thinking.jinja", "llmjp-harmony"),
     ("DeepSeek-V3.2.jinja", "dsml"),
+    ("CohereForAI-c4ai-command-r-plus-tool_use.jinja", "command-r"),
 ])
 def test_detect_dialect(template: str, dialect: str) -> None:
     text = (TEMPLATES / template).read_text()
     assert detect_dialect(text) == dialect
     assert renders_tools(text)
+
+
+def test_command_r_template_renders_any_tool_and_past_calls() -> None:
+    """An engine on Command R+'s template: a tool its signature macro cannot type alone (no
+    descriptions, an object parameter) and a past call with arguments as JSON text render, the
+    call as the model writes it."""
+    tool = {"type": "function", "function": {"name": "lookup", "parameters": {
+        "type": "object", "properties": {"q": {"type": "string"}, "f": {"type": "object"}},
+        "required": ["q"]}}}
+    call = {"id": "c1", "type": "function",
+            "function": {"name": "lookup", "arguments": '{"q": "x", "f": {"a": 1}}'}}
+    messages = [{"role": "user", "content": "Go."},
+                {"role": "assistant", "content": "Looking.", "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c1", "content": "Found."}]
+    engine = Engine(chat_template=(TEMPLATES / "CohereForAI-c4ai-command-r-plus-tool_use.jinja")
+                    .read_text())
+    assert engine.dialect_name == "command-r"
+    prompt = engine.render(build_request(messages, tools=[tool]))
+    engine.close()
+    assert "def lookup(q: str, f: Optional[Dict[str, Any]] = None) -> List[Dict]:" in prompt
+    assert ('Looking.\nAction:\n```json\n[\n    {\n        "tool_name": "lookup",\n'
+            '        "parameters": {\n            "q": "x",\n            "f": {\n'
+            '                "a": 1\n            }\n        }\n    }\n]```\n'
+            "<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|><results>\nFound.</results>") in prompt
+    assert prompt.endswith("<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>")
 
 
 def test_detect_dialect_says_unknown_rather_than_guess() -> None:
