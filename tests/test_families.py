@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import pytest
 from families import (
+    JSON_VALUES,
     SHAPE_CALLS,
     TYPED_VALUES,
     Call,
@@ -117,6 +118,18 @@ def cohere_calls(calls: Sequence[Call]) -> str:
         f'    {{"tool_call_id": "{i}", "tool_name": "{name}", "parameters": {dumps(args)}}}'
         for i, (name, args) in enumerate(calls))
     return f"<|START_ACTION|>[\n{objects}\n]<|END_ACTION|>"
+
+
+def nesting(value: object) -> int:
+    """How many arrays and objects deep a JSON value goes."""
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, list) \
+        else None
+    return 0 if items is None else 1 + max(map(nesting, items), default=0)
+
+
+# Command R+'s template indents arguments 4 spaces a level from 12: a value nested 5 deep is
+# written with 33 whitespace characters in a run, past the strict grammar's bound (32).
+COMMAND_R_VALUES = JSON_VALUES.filter(lambda value: nesting(value) <= 4)
 
 
 def command_r_calls(calls: Sequence[Call]) -> str:
@@ -321,7 +334,8 @@ FAMILIES: dict[str, Family] = {
     "command-r-plus": Family(
         "command-r", "CohereForAI-c4ai-command-r-plus-tool_use.jinja", COHERE_VOCAB, "]```\n",
         command_r_calls, ends=("", "<|END_OF_TURN_TOKEN|>"),
-        turn_start="<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>", dialect_renders=True),
+        turn_start="<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>", dialect_renders=True,
+        values=COMMAND_R_VALUES),
     "nemotron-super-v1.5": Family(
         "nemotron", "nvidia-Llama-3_3-Nemotron-Super-49B-v1_5.jinja", llama3, "<|eot_id|>",
         nemotron_calls, thought="<think>\nHmm.\n</think>\n\n", ends=("", "<|eot_id|>")),
