@@ -26,22 +26,19 @@ from typing import Any, ClassVar
 
 from pegmask.dialects.base import (
     TurnDialect,
-    alternatives,
     peg_literal,
-    raw_string_values,
     schema_type,
     separated,
 )
 from pegmask.dialects.history import History, Message, ToolCall
 from pegmask.dialects.rendering import TurnFormat, dumps, render_turns, split_reasoning, thinking_on
 from pegmask.dialects.replay import ReplayMemory
-from pegmask.grammars.ir import json_schema_node
+from pegmask.dialects.schema_values import SchemaValueRules
 
 CLOSE = "</cofl:value>"
 THINK_OPEN, THINK_CLOSE = "<|START_THINKING|>", "<|END_THINKING|>"
 EOS = "<|END_OF_TURN_TOKEN|>"
 CHATBOT = "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>"
-_UNSUPPORTED = ("allOf", "not", "if", "patternProperties")
 _PROBE_CALL = re.compile(r'<cofl:tool_call id="\d+" name="pegmask_probe">')
 _ENTITIES = (("&", "&amp;"), ("<", "&lt;"), (">", "&gt;"), ('"', "&quot;"))
 
@@ -60,79 +57,20 @@ def unescape_name(name: str) -> str:
 
 
 # ------------------------------------------------------------------------------ strict grammar
-class CoflValues:
-    """PEG rules of the typed values a JSON Schema allows (from the type attribute's value on),
-    named `<prefix>_<n>`, and the JSON Schema nodes (numbers, constrained strings) they use."""
+class CoflValues(SchemaValueRules):
+    """Cohere XML values, from the type attribute's value on: `raw">` text, `json">` scalars,
+    `list">` and `dict">` of nested `<cofl:value>` elements."""
 
-    def __init__(self, prefix: str, root: dict[str, Any]):
-        self.prefix = prefix
-        self.rules: list[str] = []
-        self.schemas: dict[str, Any] = {}
-        self.defs = {**root.get("definitions", {}), **root.get("$defs", {})}
-        self.refs: dict[str, str] = {}
+    family, syntax, any_value, raw_until = "cohere-xml", "Cohere XML", "cvalue", CLOSE
 
-    def _json(self, schema: dict[str, Any], **options: Any) -> str:
-        name = f"{self.prefix}_s{len(self.schemas)}"
-        defs = {"$defs": self.defs} if self.defs and "$ref" in json.dumps(schema) else {}
-        self.schemas[name] = json_schema_node({**schema, **defs}, **options)
-        return f"json({name})"
+    def literal(self, value: Any) -> str:
+        return peg_literal(cofl_body(value))
 
-    def string(self, schema: dict[str, Any]) -> str:
-        """The raw text: any, one of an enum, or obeying the schema."""
-        values = raw_string_values(schema)
-        if values == []:
-            return "raw"
-        if values is not None:
-            return alternatives([peg_literal(v) for v in values])
-        return self._json(schema, raw_until=CLOSE)
+    def string_value(self, schema: dict[str, Any]) -> str:
+        return f'"raw\\">" {self.string(schema)}'
 
-    def value(self, schema: Any) -> str:
-        if schema is True or schema == {}:
-            return "cvalue"
-        if not isinstance(schema, dict):
-            raise ValueError(f"cohere-xml: the schema {schema!r} allows no value")
-        unsupported = [key for key in _UNSUPPORTED if key in schema]
-        if unsupported:
-            raise ValueError(f"cohere-xml: {unsupported[0]} has no Cohere XML form")
-        if "$ref" in schema:
-            return self.ref(schema["$ref"])
-        if "const" in schema or "enum" in schema:
-            values = [schema["const"]] if "const" in schema else schema["enum"]
-            return alternatives([peg_literal(cofl_body(v)) for v in values])
-        for key in ("anyOf", "oneOf"):
-            if key in schema:
-                rest = {k: v for k, v in schema.items() if k != key}
-                return alternatives([self.value({**rest, **sub} if isinstance(sub, dict) else sub)
-                                     for sub in schema[key]])
-        kind = schema.get("type")
-        if isinstance(kind, list):
-            return alternatives([self.value({**schema, "type": k}) for k in kind])
-        if kind is None:
-            kind = "object" if "properties" in schema else "array" if "items" in schema else None
-        if kind == "string":
-            return f'"raw\\">" {self.string(schema)}'
-        if kind in ("integer", "number", "boolean", "null"):
-            return f'"json\\">" ws {self._json(schema)} ws'
-        if kind == "array":
-            return self.array(schema)
-        if kind == "object":
-            return self.object(schema)
-        return "cvalue"
-
-    def ref(self, ref: str) -> str:
-        if ref not in self.refs:
-            target = ref.rsplit("/", 1)[-1]
-            if not ref.startswith("#/") or target not in self.defs:
-                raise ValueError(f"cohere-xml: cannot resolve $ref {ref!r}")
-            name = f"{self.prefix}_r{len(self.refs)}"
-            self.refs[ref] = name
-            self.rules.append(f"{name} = {self.value(self.defs[target])}")
-        return self.refs[ref]
-
-    def rule(self, body: str) -> str:
-        name = f"{self.prefix}_{len(self.rules)}"
-        self.rules.append(f"{name} = {body}")
-        return name
+    def scalar(self, schema: dict[str, Any], kind: str) -> str:
+        return f'"json\\">" ws {self._json(schema)} ws'
 
     def array(self, schema: dict[str, Any]) -> str:
         item = self.rule(f'"<cofl:value type=\\"" {self.value(schema.get("items", True))} CLOSE')

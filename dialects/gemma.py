@@ -24,92 +24,33 @@ from typing import Any
 
 from pegmask.dialects.base import (
     TurnDialect,
-    alternatives,
     peg_literal,
-    raw_string_values,
     schema_type,
     separated,
 )
-from pegmask.grammars.ir import json_schema_node
+from pegmask.dialects.schema_values import SchemaValueRules
 
 QUOTE = '<|"|>'
 _Q = "Q"  # the rule of the delimiter token
 _PROBE_CALL = re.compile(r"<\|tool_call>call:pegmask_probe\{pegmask_arg:")
-_UNSUPPORTED = ("allOf", "not", "if", "patternProperties")
 
 
-class GemmaValues:
-    """PEG rules of the Gemma-style values a JSON Schema allows, named `<prefix>_<n>`, and the
-    JSON Schema nodes (numbers, constrained strings) they use."""
+class GemmaValues(SchemaValueRules):
+    """Gemma-style values: strings between `<|"|>` delimiters, JSON-like arrays and objects with
+    keys in sorted order."""
 
-    def __init__(self, prefix: str, root: dict[str, Any]):
-        self.prefix = prefix
-        self.rules: list[str] = []
-        self.schemas: dict[str, Any] = {}
-        self.defs = {**root.get("definitions", {}), **root.get("$defs", {})}
-        self.refs: dict[str, str] = {}
+    family, syntax, any_value, raw_until = "gemma", "Gemma-style", "gvalue", QUOTE
 
-    def _json(self, schema: dict[str, Any], **options: Any) -> str:
-        name = f"{self.prefix}_s{len(self.schemas)}"
-        self.schemas[name] = json_schema_node({**schema, **self.defs_of(schema)}, **options)
-        return f"json({name})"
+    def literal(self, value: Any) -> str:
+        return literal(value)
 
-    def defs_of(self, schema: dict[str, Any]) -> dict[str, Any]:
-        return {"$defs": self.defs} if self.defs and "$ref" in json.dumps(schema) else {}
+    def string_value(self, schema: dict[str, Any]) -> str:
+        return f"{_Q} {self.string(schema)} {_Q}"
 
-    def string(self, schema: dict[str, Any]) -> str:
-        """The text between the delimiters: any, one of an enum, or the schema's raw text."""
-        values = raw_string_values(schema)
-        if values == []:
-            return "raw"
-        if values is not None:
-            return alternatives([peg_literal(v) for v in values])
-        return self._json(schema, raw_until=QUOTE)
-
-    def value(self, schema: Any) -> str:
-        if schema is True or schema == {}:
-            return "gvalue"
-        if not isinstance(schema, dict):
-            raise ValueError(f"gemma: the schema {schema!r} allows no value")
-        unsupported = [key for key in _UNSUPPORTED if key in schema]
-        if unsupported:
-            raise ValueError(f"gemma: {unsupported[0]} has no Gemma-style form")
-        if "$ref" in schema:
-            return self.ref(schema["$ref"])
-        if "const" in schema or "enum" in schema:
-            values = [schema["const"]] if "const" in schema else schema["enum"]
-            return alternatives([literal(v) for v in values])
-        for key in ("anyOf", "oneOf"):
-            if key in schema:
-                rest = {k: v for k, v in schema.items() if k != key}
-                return alternatives([self.value({**rest, **sub} if isinstance(sub, dict) else sub)
-                                     for sub in schema[key]])
-        kind = schema.get("type")
-        if isinstance(kind, list):
-            return alternatives([self.value({**schema, "type": k}) for k in kind])
-        if kind is None:
-            kind = "object" if "properties" in schema else "array" if "items" in schema else None
-        if kind == "string":
-            return f"{_Q} {self.string(schema)} {_Q}"
+    def scalar(self, schema: dict[str, Any], kind: str) -> str:
         if kind == "null":  # the template writes Python's None
             return '("null" | "None")'
-        if kind in ("integer", "number", "boolean"):
-            return self._json(schema)
-        if kind == "array":
-            return self.array(schema)
-        if kind == "object":
-            return self.object(schema)
-        return "gvalue"
-
-    def ref(self, ref: str) -> str:
-        if ref not in self.refs:
-            target = ref.rsplit("/", 1)[-1]
-            if not ref.startswith("#/") or target not in self.defs:
-                raise ValueError(f"gemma: cannot resolve $ref {ref!r}")
-            name = f"{self.prefix}_r{len(self.refs)}"
-            self.refs[ref] = name
-            self.rules.append(f"{name} = {self.value(self.defs[target])}")
-        return self.refs[ref]
+        return self._json(schema)
 
     def array(self, schema: dict[str, Any]) -> str:
         item = self.value(schema.get("items", True))
@@ -127,9 +68,7 @@ class GemmaValues:
         required = set(schema.get("required") or ())
         members = []
         for key in sorted(properties):
-            name = f"{self.prefix}_{len(self.rules)}"
-            self.rules.append(f'{name} = {peg_literal(key)} gws ":" gws '
-                              f"{self.value(properties[key])}")
+            name = self.rule(f'{peg_literal(key)} gws ":" gws {self.value(properties[key])}')
             members.append((name, key in required))
         return f'"{{" gws {in_order(members, "gsep")} gws "}}"'
 

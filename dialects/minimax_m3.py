@@ -26,10 +26,8 @@ from typing import Any, ClassVar
 from pegmask.dialects.base import (
     INVALID,
     TurnDialect,
-    alternatives,
     peg_literal,
     python_literal,
-    raw_string_values,
     schema_type,
     separated,
 )
@@ -42,13 +40,12 @@ from pegmask.dialects.rendering import (
     thinking_on,
 )
 from pegmask.dialects.replay import ReplayMemory
-from pegmask.grammars.ir import json_schema_node
+from pegmask.dialects.schema_values import SchemaValueRules
 
 NS = "]<]minimax[>["
 THINK_OPEN, THINK_CLOSE = "<mm:think>", "</mm:think>"
 EOS = "[e~["
 ASSISTANT = "]~b]ai\n"
-_UNSUPPORTED = ("allOf", "not", "if", "patternProperties")
 
 
 # ------------------------------------------------------------------------------ strict grammar
@@ -58,79 +55,14 @@ def element(key: str, value: str) -> str:
     return f'NS "<" {tag} ">" {value} NS "</" {tag} ">"'
 
 
-class M3Values:
-    """PEG rules of the M3-style values a JSON Schema allows, named `<prefix>_<n>`, and the
-    JSON Schema nodes (numbers, constrained strings) they use."""
+class M3Values(SchemaValueRules):
+    """MiniMax M3 values: raw text, or nested namespace-prefixed elements (`<item>` for array
+    items, the key for object members)."""
 
-    def __init__(self, prefix: str, root: dict[str, Any]):
-        self.prefix = prefix
-        self.rules: list[str] = []
-        self.schemas: dict[str, Any] = {}
-        self.defs = {**root.get("definitions", {}), **root.get("$defs", {})}
-        self.refs: dict[str, str] = {}
+    family, syntax, any_value, raw_until = "minimax-m3", "MiniMax M3 XML", "mvalue", NS
 
-    def _json(self, schema: dict[str, Any], **options: Any) -> str:
-        name = f"{self.prefix}_s{len(self.schemas)}"
-        defs = {"$defs": self.defs} if self.defs and "$ref" in json.dumps(schema) else {}
-        self.schemas[name] = json_schema_node({**schema, **defs}, **options)
-        return f"json({name})"
-
-    def string(self, schema: dict[str, Any]) -> str:
-        """Any raw text, one of an enum, or raw text obeying the schema."""
-        values = raw_string_values(schema)
-        if values == []:
-            return "raw"
-        if values is not None:
-            return alternatives([peg_literal(v) for v in values])
-        return self._json(schema, raw_until=NS)
-
-    def value(self, schema: Any) -> str:
-        if schema is True or schema == {}:
-            return "mvalue"
-        if not isinstance(schema, dict):
-            raise ValueError(f"minimax-m3: the schema {schema!r} allows no value")
-        unsupported = [key for key in _UNSUPPORTED if key in schema]
-        if unsupported:
-            raise ValueError(f"minimax-m3: {unsupported[0]} has no MiniMax M3 XML form")
-        if "$ref" in schema:
-            return self.ref(schema["$ref"])
-        if "const" in schema or "enum" in schema:
-            values = [schema["const"]] if "const" in schema else schema["enum"]
-            return alternatives([literal(v) for v in values])
-        for key in ("anyOf", "oneOf"):
-            if key in schema:
-                rest = {k: v for k, v in schema.items() if k != key}
-                return alternatives([self.value({**rest, **sub} if isinstance(sub, dict) else sub)
-                                     for sub in schema[key]])
-        kind = schema.get("type")
-        if isinstance(kind, list):
-            return alternatives([self.value({**schema, "type": k}) for k in kind])
-        if kind is None:
-            kind = "object" if "properties" in schema else "array" if "items" in schema else None
-        if kind == "string":
-            return self.string(schema)
-        if kind in ("integer", "number", "boolean", "null"):
-            return self._json(schema)
-        if kind == "array":
-            return self.array(schema)
-        if kind == "object":
-            return self.object(schema)
-        return "mvalue"
-
-    def ref(self, ref: str) -> str:
-        if ref not in self.refs:
-            target = ref.rsplit("/", 1)[-1]
-            if not ref.startswith("#/") or target not in self.defs:
-                raise ValueError(f"minimax-m3: cannot resolve $ref {ref!r}")
-            name = f"{self.prefix}_r{len(self.refs)}"
-            self.refs[ref] = name
-            self.rules.append(f"{name} = {self.value(self.defs[target])}")
-        return self.refs[ref]
-
-    def rule(self, body: str) -> str:
-        name = f"{self.prefix}_{len(self.rules)}"
-        self.rules.append(f"{name} = {body}")
-        return name
+    def literal(self, value: Any) -> str:
+        return literal(value)
 
     def array(self, schema: dict[str, Any]) -> str:
         item = self.rule("ws " + element("item", self.value(schema.get("items", True))))

@@ -314,7 +314,9 @@ GEMMA_TOOL = {"type": "function", "function": {"name": "f", "parameters": {
         "tags": {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 2},
         "at": {"$ref": "#/$defs/pt"},
         "code": {"type": "string", "pattern": "^[A-Z]{2}$"},
-        "maybe": {"type": ["integer", "null"]}}}}}
+        "maybe": {"type": ["integer", "null"]},
+        "box": {"type": "object", "properties": {"w": {"type": "integer", "maximum": 5}},
+                "required": ["w"]}}}}}
 
 
 @pytest.mark.parametrize(("arguments", "ok"), [
@@ -327,6 +329,8 @@ GEMMA_TOOL = {"type": "function", "function": {"name": "f", "parameters": {
     ('{at:{x:-1},mode:<|"|>fast<|"|>,tags:[<|"|>a<|"|>]}', False),  # $ref'd minimum
     ('{code:<|"|>abc<|"|>,mode:<|"|>fast<|"|>,tags:[<|"|>a<|"|>]}', False),  # pattern
     ('{tags:[<|"|>a<|"|>],mode:<|"|>fast<|"|>}', False),  # keys are sorted
+    ('{box:{w:3},mode:<|"|>fast<|"|>,tags:[<|"|>a<|"|>]}', True),  # a nested object
+    ('{box:{w:9},mode:<|"|>fast<|"|>,tags:[<|"|>a<|"|>]}', False),  # its member's maximum
 ])
 def test_gemma_strict_grammar_follows_the_schema(arguments: str, ok: bool) -> None:
     request = ChatRequest(tools=[GEMMA_TOOL], tool_choice="required",
