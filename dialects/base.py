@@ -486,7 +486,7 @@ class TurnDialect(Dialect):
         reasoning = self.reasoning_mode(request)
         schema = request.response_grammar if strict else None
         if strict:
-            end = "think_close ws body"
+            end = "@end:think_close ws body"
             text = f"@content:{self.answer_rule} ws"
             answer = "@content:json(response) ws" if schema is not None else text
             calls = "calls_one ws" if request.max_calls == 1 else "calls_many ws"
@@ -502,7 +502,7 @@ class TurnDialect(Dialect):
                 body = f"({answer})? ({calls})? eos?"
         else:
             implicit = " | region ws body" if self.implicit_reasoning_end else ""
-            end = f"(think_close ws body{implicit} | eos)?"
+            end = f"(@end:think_close ws body{implicit} | eos)?"
             if self.calls_alone:  # calls first: a whole turn that parses as calls is calls
                 body = "(region ws | @content:text ws)? eos?"
             else:
@@ -511,7 +511,7 @@ class TurnDialect(Dialect):
         root = {  # GLM 4.5 writes a newline before <think>
             True: f"(ws think_open)? {opened}",
             False: "ws body",
-            None: f"ws think_open {opened} | (ws (@reasoning:text ws)? think_close)? ws body",
+            None: f"ws think_open {opened} | (ws (@reasoning:text ws)? @end:think_close)? ws body",
         }[reasoning]
         return f"root = {root}\nbody = {body}\n", schema
 
@@ -520,10 +520,9 @@ class TurnDialect(Dialect):
 class _Call:
     """A tool call being assembled from captures."""
 
-    def __init__(self, index: int, call_id: str, start: int):
+    def __init__(self, index: int, call_id: str):
         self.index = index
         self.id = call_id
-        self.start = start  # byte offset of the call in the output
         self.name_parts: list[str] = []
         self.name: str | None = None
         self.pending: list[str] = []  # argument pieces written before the name was known
@@ -554,10 +553,11 @@ class DialectStreamParser:
         self._rng = random.Random(seed) if seed is not None else None
         self._raw = bytearray()  # the whole output (special tokens as their spelling)
         self._covered = 0  # bytes of the output that text events accounted for
+        self._delivered = 0  # bytes of the output that emitted deltas accounted for
         self._failed = False  # after an error, everything else is content
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
         self._call: _Call | None = None
-        self._region: int | None = None  # start of an open call region (DSML's block)
+        self._in_region = False  # inside a call region (DSML's block)
         self._next_index = 0
         self._reasoned = False  # some reasoning text was written
         self._reasoning_sep = ""  # written before the next reasoning text
@@ -625,12 +625,11 @@ class DialectStreamParser:
         return out
 
     def _malformed(self) -> None:
-        """Input that the grammar cannot parse: the unparsed rest (from the start of an
-        unreleased call or call region) becomes content."""
-        start = self._covered
-        if not self._trusted:
-            start = min(s for s in (start, self._region, self._call and self._call.start)
-                        if s is not None)
+        """Input that the grammar cannot parse: every byte after the last emitted delta becomes
+        content (the framing read since, an unreleased call or call region, the unparsed rest),
+        except inside a streamed call, whose delivered part stays a call."""
+        streaming_call = self._trusted and self._call is not None
+        start = self._covered if streaming_call else self._delivered
         self._fail()
         self._content(self._decoder.decode(bytes(self._raw[start:])))
 
@@ -638,11 +637,11 @@ class DialectStreamParser:
         """Stop parsing: unreleased calls are dropped, a streamed one is flagged."""
         if self._call is not None and self._trusted:
             self.incomplete = True
-        self._held, self._call, self._region = [], None, None
+        self._held, self._call, self._in_region = [], None, False
         self._failed = True
 
     def _holding(self) -> bool:
-        return not self._trusted and (self._call is not None or self._region is not None)
+        return not self._trusted and (self._call is not None or self._in_region)
 
     def _emit(self, delta: Delta) -> None:
         if self._holding():
@@ -650,6 +649,7 @@ class DialectStreamParser:
             return
         self._out.append(delta)
         _apply(self.message, delta)
+        self._delivered = self._covered
 
     def _content(self, text: str, field: str = "content") -> None:
         if text:
@@ -669,6 +669,9 @@ class DialectStreamParser:
         tag, text, call = event.tag, event.text, self._call
         if tag == "content":
             self._content(text)
+        elif tag == "end":  # a section's closing delimiter goes with the section
+            if not self._holding():
+                self._delivered = self._covered
         elif tag == "reasoning":
             if text:
                 self._content(self._reasoning_sep + text, "reasoning_content")
@@ -696,9 +699,9 @@ class DialectStreamParser:
             # as vLLM joins them; empty ones add nothing.
             self._reasoning_sep = "\n" if self._reasoned else ""
         elif tag == "calls":
-            self._region = self._covered
+            self._in_region = True
         elif tag == "call":
-            self._call = _Call(self._next_index, self._new_id(), self._covered)
+            self._call = _Call(self._next_index, self._new_id())
             self._next_index += 1
         elif call is None:
             return
@@ -715,7 +718,7 @@ class DialectStreamParser:
     def _close(self, tag: str) -> None:
         call = self._call
         if tag == "calls":
-            self._region = None
+            self._in_region = False
             self._release()
         if call is None:
             return

@@ -34,7 +34,7 @@ class KimiK3Dialect(TurnDialect):
         """Reasoning (when the prompt opened think), the response block, the tools block."""
         reasoning = self.reasoning_mode(request)
         schema = request.response_grammar if strict else None
-        think = "ws (@reasoning:thought ws)? think_close resp_open"
+        think = "ws (@reasoning:thought ws)? @end:think_close resp_open"
         if not strict:
             body = "ws (@content:text ws)? resp_close ws (region ws)? (msg_end eos?)?"
             opening = {True: think, False: "", None: f"({think})?"}[reasoning]

@@ -153,7 +153,7 @@ class Family:
 
     def render(self, parts: Sequence[str], table: dict[str, Call]) -> str:
         """An output body: "text" parts and calls (named in `table`), the calls in one block."""
-        text = " ".join("Let me see." for part in parts if part == "text")
+        text = " ".join(TEXT for part in parts if part == "text")
         calls = [table[part] for part in parts if part != "text"]
         block = self.calls(calls) if calls else ""
         if self.body is not None:
@@ -161,6 +161,8 @@ class Family:
         return "\n".join(piece for piece in (text, block) if piece)
 
 
+# The text part of a rendered output body.
+TEXT = "Let me see."
 # The calls of test_dialect_base's SHAPES and BAD_CALLS, as (name, arguments).
 SHAPE_CALLS: dict[str, Call] = {
     "weather": ("get_weather", {"city": "Tokyo"}),

@@ -91,8 +91,8 @@ EXAMPLES = {
     "malformed sibling invoke: the block stays content": (
         {}, "Hm.</think>\n\n" + block(TOKYO, invoke("f", '<｜DSML｜parameter name="a" '
                                                          'string="maybe">1</｜DSML｜parameter>')),
-        message(block(TOKYO, invoke("f", '<｜DSML｜parameter name="a" string="maybe">1'
-                                          "</｜DSML｜parameter>")), "Hm.")),
+        message("\n\n" + block(TOKYO, invoke("f", '<｜DSML｜parameter name="a" '
+                                                 'string="maybe">1</｜DSML｜parameter>')), "Hm.")),
     "an unterminated block is dropped": (
         {}, f"Ok.</think>Checking.\n\n<{D}tool_calls>\n{TOKYO}\n", message("Checking.", "Ok.")),
     "variant bars are only text": (

@@ -122,8 +122,8 @@ EXAMPLES: dict[str, tuple[str, dict[str, Any]]] = {
     "1.12 invalid JSON arguments": (
         "<|channel|>analysis<|message|>Hm.<|end|><|start|>assistant<|channel|>commentary"
         " to=functions.get_weather json<|message|>{location: Tokyo}<|call|>",
-        message("<|channel|>commentary to=functions.get_weather json<|message|>"
-                "{location: Tokyo}<|call|>", "Hm.")),
+        message("<|start|>assistant<|channel|>commentary to=functions.get_weather json"
+                "<|message|>{location: Tokyo}<|call|>", "Hm.")),
     "1.12 call cut off by the end of the output is dropped": (
         "<|channel|>analysis<|message|>Hm.<|end|><|start|>assistant<|channel|>commentary"
         ' to=functions.get_weather json<|message|>{"location": "To', message(None, "Hm.")),

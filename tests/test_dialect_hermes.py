@@ -69,7 +69,7 @@ HERMES_EXAMPLES = {
             '\nDone.', message("Done.", None, [TOKYO])),
     "malformed JSON stays content": (
         {}, 'Let me check.\n<tool_call>\n{"name": "f", "arguments": {city: Tokyo}}\n</tool_call>',
-        message('Let me check.<tool_call>\n{"name": "f", "arguments": {city: Tokyo}}\n'
+        message('Let me check.\n<tool_call>\n{"name": "f", "arguments": {city: Tokyo}}\n'
                 '</tool_call>')),
     "a truncated last call is dropped": (
         {}, 'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Tok',

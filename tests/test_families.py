@@ -14,6 +14,7 @@ import pytest
 from families import (
     JSON_VALUES,
     SHAPE_CALLS,
+    TEXT,
     TYPED_VALUES,
     Call,
     Family,
@@ -26,7 +27,7 @@ from families import (
     summary,
     turns,
 )
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 from test_dialect_base import (
     TOOL_CHOICES,
@@ -37,10 +38,11 @@ from test_dialect_base import (
 )
 
 from pegmask.bench.data import TEMPLATES_DIR
-from pegmask.dialects import ChatRequest, detect_dialect, get_dialect
+from pegmask.dialects import ChatRequest, Dialect, detect_dialect, get_dialect
 from pegmask.dialects.cohere_xml import cofl_calls
 from pegmask.dialects.history import ToolCall
 from pegmask.dialects.minimax_m3 import m3_calls
+from pegmask.grammars.errors import ParseError
 
 
 def dumps(value: object) -> str:
@@ -589,6 +591,49 @@ def test_sampling_under_the_mask_yields_valid_calls(name: str, choice: int,
                           chat_template_kwargs={"enable_thinking": False})
     assert_sampling_obeys(get_dialect(family.dialect, **family.options), request, vocab,
                           budget=200)
+
+
+def _cut_off(dialect: Dialect, request: ChatRequest, output: str) -> bool:
+    """Whether the lenient grammar reads every byte of `output` but is left inside a call."""
+    parser = dialect.parse_grammar(request).stream_parser()
+    try:
+        parser.feed(output)
+    except ParseError:
+        return False
+    try:
+        parser.finish()
+    except ParseError:
+        return True
+    return False
+
+
+UNREADABLE = settings(max_examples=25, deadline=None,
+                     suppress_health_check=[HealthCheck.filter_too_much])
+
+
+@pytest.mark.parametrize("name", GRAMMARS)
+@UNREADABLE
+@given(data=st.data())
+def test_an_unreadable_call_block_is_content_byte_for_byte(name: str,
+                                                          data: st.DataObject) -> None:
+    """Text, then a call block with junk written into it. Unless the junk landed where the
+    lenient grammar reads anything (a string value) or left a call open at the end (a cut-off
+    call, dropped), no call is read and everything after the text is content, byte for byte:
+    the block's opening tag and the framing before it included, whether the grammar fails on
+    the block or reads it as text."""
+    family = GRAMMARS[name]
+    output = family.render(["text", "weather2"], SHAPE_CALLS)
+    block = family.calls([SHAPE_CALLS["weather2"]])
+    start = output.index(block)
+    cut = start + data.draw(st.integers(1, len(block) - 1), label="cut")
+    junk = data.draw(st.sampled_from(["\x00", "}}]]", "<</>>"]), label="junk")
+    output = output[:cut] + junk + output[cut:]
+    request = ChatRequest(tools=TOOLS, chat_template_kwargs={"enable_thinking": False})
+    dialect = get_dialect(family.dialect, **family.options)
+    message = dialect.parse(output, request)
+    assume(not message["tool_calls"] and not _cut_off(dialect, request, output))
+    text_end = output.index(TEXT) + len(TEXT)
+    assert message["content"] == TEXT + output[text_end:], output
 
 
 def test_qwen_stand_in_has_the_family_specials() -> None:
