@@ -257,7 +257,7 @@ def _response(plan: _Plan, model: str, items: list[dict[str, Any]],
     usage = None
     if result is not None:
         usage = {"input_tokens": result.usage["prompt_tokens"],
-                 "input_tokens_details": {"cached_tokens": 0},
+                 "input_tokens_details": result.usage["prompt_tokens_details"],
                  "output_tokens": result.usage["completion_tokens"],
                  "output_tokens_details": {"reasoning_tokens": 0},
                  "total_tokens": result.usage["total_tokens"]}

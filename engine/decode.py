@@ -192,6 +192,7 @@ class DecodeStats:
     tokens: int = 0
     forced_tokens: int = 0
     prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0  # of `prompt_tokens`, read from the prefix cache
 
 
 @dataclass

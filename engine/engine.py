@@ -156,7 +156,9 @@ class Engine:
     local Hugging Face folder; `dialect="auto"` picks the chat dialect from the model's chat
     template; `chat_template` replaces the model's own. `max_running` rows (choices) decode at
     once and `max_queued` requests wait for room (more: `QueueFullError`); `prefill_chunk` bounds
-    the prompt tokens of one step; `request_timeout_s` bounds a request's time. `fp16_weights`
+    the prompt tokens of one step; `prefix_cache` prompt prefixes are kept so that requests
+    sharing one (the same tools) skip its prefill (engine/prefix_cache.py; 0: none);
+    `request_timeout_s` bounds a request's time. `fp16_weights`
     (llama-family models on the CPU; None picks it there): see engine/llama_runner.py.
     `max_model_len` bounds a request's prompt and output tokens together (default: the
     model's context). `strict_tool_arguments` closes tool parameter objects that do not say
@@ -175,6 +177,7 @@ class Engine:
         max_running: int = 32,
         max_queued: int = 256,
         prefill_chunk: int = 256,
+        prefix_cache: int = 4,
         request_timeout_s: float | None = None,
         fp16_weights: bool | None = None,
         strict_tool_arguments: bool = True,
@@ -209,7 +212,8 @@ class Engine:
         # Preparing touches the dialect's and the compiler's caches: one request at a time.
         self._prepare_lock = threading.Lock()
         self.limits = Limits(max_running=max_running, max_queued=max_queued,
-                             prefill_chunk=prefill_chunk, request_timeout_s=request_timeout_s)
+                             prefill_chunk=prefill_chunk, request_timeout_s=request_timeout_s,
+                             prefix_cache=prefix_cache)
         self.stats = DecodeStats()
         self.metrics = Metrics()
         self.runner = self.backend.runner(fp16_weights=fp16_weights)
@@ -503,7 +507,8 @@ class Engine:
         prompt_tokens = len(submission.spec.prompt_ids)
         completion = sum(len(row.generated) for row in submission.rows)
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
-                 "total_tokens": prompt_tokens + completion}
+                 "total_tokens": prompt_tokens + completion,
+                 "prompt_tokens_details": {"cached_tokens": submission.cached_tokens}}
         first = choices[0]
         return GenerationResult(first.text, first.message, first.finish_reason, usage,
                                 first.token_ids, choices, first.logprobs)

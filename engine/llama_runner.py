@@ -199,6 +199,21 @@ class LlamaRunner:
     def length(self, seq: int) -> int:
         return self._lengths[self._slot[seq]]
 
+    @torch.inference_mode()
+    def save(self, seq: int, length: int) -> torch.Tensor:
+        """(layers, 2, kv_heads, length, head_dim): only the tokens, not the slot's room."""
+        slot = self._slot[seq]
+        return self._kv[:, :, slot, :, :min(length, self._lengths[slot])].clone()
+
+    @torch.inference_mode()
+    def restore(self, saved: torch.Tensor) -> int:
+        seq = self.add()
+        slot, length = self._slot[seq], saved.shape[-2]
+        self._reserve(len(self._seqs), length)
+        self._kv[:, :, slot, :, :length] = saved
+        self._lengths[slot] = length
+        return seq
+
     def _reserve(self, slots: int, time: int) -> None:
         """Grow the cache (doubling) to hold `slots` sequences of `time` tokens."""
         w = self.weights

@@ -34,6 +34,9 @@ class Metrics:
                                     buckets=_BATCH_BUCKETS, registry=r)
         self.prompt_tokens = Counter("pegmask_prompt_tokens", "Prompt tokens prefilled",
                                      registry=r)
+        self.cached_prompt_tokens = Counter(
+            "pegmask_prompt_tokens_cached", "Prompt tokens read from the prefix cache",
+            registry=r)
         self.generation_tokens = Counter("pegmask_generation_tokens",
                                          "Output tokens (forced ones included)", registry=r)
         self.time_to_first_token = Histogram(
@@ -62,6 +65,7 @@ class Metrics:
         self.request_duration.observe(time.monotonic() - submission.submitted_at)
         if submission.rows:
             self.prompt_tokens.inc(len(submission.spec.prompt_ids))
+            self.cached_prompt_tokens.inc(submission.cached_tokens)
             self.generation_tokens.inc(sum(len(row.generated) for row in submission.rows))
 
     # ----------------------------------------------------------------- the server's

@@ -42,6 +42,14 @@ class SequenceRunner(Protocol):
         """Drop a sequence and free its cache."""
         ...
 
+    def save(self, seq: int, length: int) -> Any:
+        """A copy of the cache of `seq`'s first `length` tokens, kept outside the runner."""
+        ...
+
+    def restore(self, saved: Any) -> int:
+        """A new sequence holding the tokens of a `save`d cache."""
+        ...
+
     def length(self, seq: int) -> int:
         """Tokens in the sequence so far."""
         ...
@@ -83,6 +91,18 @@ class TransformersRunner:
     def remove(self, seq: int) -> None:
         self._caches.pop(seq, None)
         self._lengths.pop(seq, None)
+
+    def save(self, seq: int, length: int) -> Any:
+        cache = copy.deepcopy(self._caches[seq])
+        if length < self._lengths[seq]:
+            cache.crop(length - self._lengths[seq])  # negative: tokens to drop (any version)
+        return cache
+
+    def restore(self, saved: Any) -> int:
+        seq = self.add()
+        self._caches[seq] = copy.deepcopy(saved)
+        self._lengths[seq] = saved.get_seq_length()
+        return seq
 
     def length(self, seq: int) -> int:
         return self._lengths[seq]

@@ -6,7 +6,9 @@ loop runs in its own thread. Between two steps it admits waiting requests while 
 for their choices (`Limits.max_running`), and drops the rows of cancelled or timed-out requests.
 Each step is one forward over every row's new tokens: a prompt chunk of at most
 `Limits.prefill_chunk` tokens for requests still prefilling, the sampled (and jump-forward)
-tokens of the others, so a long prompt never stalls the rows that decode. Then every row that
+tokens of the others, so a long prompt never stalls the rows that decode. A prompt that begins
+with a kept prefix (the tool definitions every request of a client repeats) starts as a copy
+of it and prefills only the rest (engine/prefix_cache.py). Then every row that
 has logits is masked (one bitmask for the step), sampled and advanced on its own: one row's
 failure ends only its request. A request with `n > 1` prefills its prompt once; its other
 choices are copies of that sequence.
@@ -30,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from pegmask.engine.decode import DecodeStats, Delta, Row, RowSpec, TokenLogprob
+from pegmask.engine.prefix_cache import PrefixCache
 from pegmask.kernels import allocate_token_bitmask, apply_token_bitmask_inplace
 
 if TYPE_CHECKING:
@@ -50,11 +53,14 @@ class Limits:
     max_queued: int = 256
     prefill_chunk: int = 256
     request_timeout_s: float | None = None
+    prefix_cache: int = 4  # prompt prefixes kept for reuse (engine/prefix_cache.py; 0: none)
 
     def __post_init__(self) -> None:
         for name in ("max_running", "max_queued", "prefill_chunk"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
+        if self.prefix_cache < 0:
+            raise ValueError("prefix_cache must be at least 0")
         if self.request_timeout_s is not None and self.request_timeout_s <= 0:
             raise ValueError("request_timeout_s must be positive")
 
@@ -93,6 +99,7 @@ class Submission:
         self.submitted_at = time.monotonic()
         self.deadline = None if timeout_s is None else self.submitted_at + timeout_s
         self.first_token_at: float | None = None
+        self.cached_tokens = 0  # prompt tokens that came from the prefix cache
         self.error: BaseException | None = None
         self.done = threading.Event()
         self.cancelled = False
@@ -170,7 +177,7 @@ class _Prefill:
     """A request whose prompt is still going into the model's cache."""
 
     submission: Submission
-    seq: int
+    seq: int | None = None  # made when its first chunk goes in (from a kept prefix if any)
     position: int = 0
 
 
@@ -181,6 +188,7 @@ class Scheduler:
                  stats: DecodeStats, metrics: Metrics | None = None,
                  on_finish: Callable[[Submission], None] | None = None):
         self.runner = runner
+        self.prefixes = PrefixCache(runner, limits.prefill_chunk, limits.prefix_cache)
         self.on_finish = on_finish  # called in the loop for each request that ends well
         self.vocab = vocab
         self.limits = limits
@@ -277,7 +285,7 @@ class Scheduler:
                 continue
             self._active.append(submission)
             self._owner.update(dict.fromkeys(submission.rows, submission))
-            self._prefilling.append(_Prefill(submission, self.runner.add()))
+            self._prefilling.append(_Prefill(submission))
 
     def _drop_ended(self) -> None:
         """End cancelled requests and those past their deadline, queued ones included."""
@@ -295,7 +303,8 @@ class Scheduler:
         """Take a request's rows out of the batch and the runner; report its end."""
         for prefill in [p for p in self._prefilling if p.submission is submission]:
             self._prefilling.remove(prefill)
-            self.runner.remove(prefill.seq)
+            if prefill.seq is not None:
+                self.runner.remove(prefill.seq)
         for row in submission.rows:
             self._owner.pop(row, None)
             if row in self._decoding:
@@ -322,14 +331,20 @@ class Scheduler:
         decoding = len(chunks)
         budget = self.limits.prefill_chunk
         completed: list[_Prefill] = []
+        advanced: list[_Prefill] = []
         for prefill in self._prefilling:
             if budget <= 0:
                 break
             prompt = prefill.submission.spec.prompt_ids
+            if prefill.seq is None:  # its first chunk: it starts from the longest kept prefix
+                prefill.seq, prefill.position = self.prefixes.start(prompt)
+                prefill.submission.cached_tokens = prefill.position
+                self.stats.cached_prompt_tokens += prefill.position
             piece = prompt[prefill.position : prefill.position + budget]
             prefill.position += len(piece)
             budget -= len(piece)
             chunks.append((prefill.seq, piece))
+            advanced.append(prefill)
             if prefill.position == len(prompt):
                 completed.append(prefill)
                 samplers.append(self._start_rows(prefill))
@@ -337,6 +352,8 @@ class Scheduler:
                 samplers.append([])
         logits = self.runner.forward(chunks)
         forwarded = time.perf_counter()
+        for prefill in advanced:  # whole blocks in: requests prefilling behind it can use them
+            self.prefixes.keep(prefill.seq, prefill.submission.spec.prompt_ids[:prefill.position])
         for prefill in completed:
             self._prefilling.remove(prefill)
             self.stats.prompt_tokens += len(prefill.submission.spec.prompt_ids)

@@ -113,6 +113,10 @@ def _model_options(parser: argparse.ArgumentParser) -> None:
                              "model's context)")
     parser.add_argument("--prefill-chunk", type=int, default=256,
                         help="prompt tokens per decode step (default 256)")
+    parser.add_argument("--prefix-cache", type=int, default=4,
+                        help="prompt prefixes kept so that requests sharing one (the same "
+                             "tools) skip its prefill, in whole prefill chunks (default 4; "
+                             "0: none)")
     parser.add_argument("--request-timeout", type=float, default=None,
                         help="seconds a request may take, queue included (default: no limit)")
     parser.add_argument("--no-strict-tool-arguments", dest="strict_tool_arguments",
@@ -139,7 +143,8 @@ def _engine(args: argparse.Namespace) -> Any:
 
     return Engine(args.model, device=args.device, dtype=args.dtype, dialect=args.dialect,
                   max_running=args.max_running, max_queued=args.max_queued,
-                  prefill_chunk=args.prefill_chunk, request_timeout_s=args.request_timeout,
+                  prefill_chunk=args.prefill_chunk, prefix_cache=args.prefix_cache,
+                  request_timeout_s=args.request_timeout,
                   strict_tool_arguments=args.strict_tool_arguments,
                   max_model_len=args.max_model_len)
 

@@ -1,6 +1,6 @@
 """Sequence runners against transformers' own forward: `LlamaRunner` on tiny random models of
 each architecture it computes (and on the embedded SmolLM2), sequences joining, leaving and
-being copied between steps, prompt chunks next to one-token steps."""
+being copied between steps or saved and restored, prompt chunks next to one-token steps."""
 
 from __future__ import annotations
 
@@ -119,3 +119,21 @@ def test_runner_rejects_empty_chunks_and_overlong_sequences() -> None:
         runner.forward([(seq, [])])
     with pytest.raises(ValueError, match="exceeds the context"):
         runner.forward([(seq, [1] * 129)])
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3"])
+def test_a_saved_prefix_restores_as_a_sequence_of_its_tokens(name: str) -> None:
+    model = tiny_model(name)
+    runner = LlamaRunner(LlamaWeights(model, fp16_weights=False))
+    reference = TransformersRunner(model, torch.device("cpu"))
+    a, ra = runner.add(), reference.add()
+    runner.forward([(a, [1, 2, 3, 4, 5, 6])])
+    reference.forward([(ra, [1, 2, 3, 4, 5, 6])])
+    saved, rsaved = runner.save(a, 4), reference.save(ra, 4)
+    runner.remove(a)
+    b, rb = runner.restore(saved), reference.restore(rsaved)
+    assert runner.length(b) == reference.length(rb) == 4 and reference.length(ra) == 6
+    fresh = reference.add()
+    expected = reference.forward([(fresh, [1, 2, 3, 4, 9, 10])])
+    torch.testing.assert_close(reference.forward([(rb, [9, 10])]), expected)
+    torch.testing.assert_close(runner.forward([(b, [9, 10])]), expected, rtol=1e-4, atol=1e-4)

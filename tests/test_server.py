@@ -93,7 +93,12 @@ def test_chat_streamed_matches_plain(server: Server) -> None:
     assert {chunk.id for chunk in chunks} == {chunks[0].id}
     assert all(chunk.object == "chat.completion.chunk" for chunk in chunks)
     assert chunks[0].choices[0].delta.role == "assistant"
-    assert chunks[-1].choices == [] and chunks[-1].usage.model_dump() == plain.usage.model_dump()
+    assert chunks[-1].choices == []
+    usage = chunks[-1].usage
+    assert usage.model_dump(exclude={"prompt_tokens_details"}) == \
+        plain.usage.model_dump(exclude={"prompt_tokens_details"})
+    # the same prompt again: its whole prefill chunks come from the prefix cache
+    assert usage.prompt_tokens_details.cached_tokens == (usage.prompt_tokens - 1) // 256 * 256 > 0
     deltas = [chunk.choices[0].delta.model_dump(exclude_none=True) for chunk in chunks[:-1]]
     streamed = accumulate(deltas)
     assert chunks[-2].choices[0].finish_reason == choice.finish_reason
@@ -141,7 +146,10 @@ def test_responses_streamed_matches_plain(server: Server) -> None:
     assert (streamed.name, streamed.arguments, streamed.status) == (item.name, item.arguments,
                                                                     "completed")
     assert streamed.call_id != item.call_id
-    assert final.usage.model_dump() == plain.usage.model_dump()
+    assert final.usage.model_dump(exclude={"input_tokens_details"}) == \
+        plain.usage.model_dump(exclude={"input_tokens_details"})
+    assert final.usage.input_tokens_details.cached_tokens == \
+        (final.usage.input_tokens - 1) // 256 * 256 > 0
 
 
 def test_messages_streamed_matches_plain(server: Server) -> None:
@@ -454,7 +462,8 @@ def test_metrics_after_the_tests_above(server: Server) -> None:
     assert metric_value(text, "pegmask_requests_total", api="responses", status="404") >= 1
     for name in ("pegmask_prompt_tokens_total", "pegmask_generation_tokens_total",
                  "pegmask_time_to_first_token_seconds_count", "pegmask_batch_size_count",
-                 "pegmask_request_duration_seconds_count", "pegmask_mask_seconds_total"):
+                 "pegmask_request_duration_seconds_count", "pegmask_mask_seconds_total",
+                 "pegmask_prompt_tokens_cached_total"):
         assert metric_value(text, name) > 0, name
     assert "pegmask_running_rows 0.0" in text and "pegmask_queued_requests 0.0" in text
 

@@ -1,0 +1,110 @@
+"""The prefix cache on the embedded model: which prefix a prompt reuses (whole blocks, never its
+last token), that a reused prefix decodes exactly as a fresh prefill, eviction, and the engine
+reporting cached prompt tokens."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pegmask.engine import Engine
+from pegmask.engine.model import load_backend
+from pegmask.engine.prefix_cache import PrefixCache
+
+BLOCK = 16
+
+
+@pytest.fixture
+def runner():
+    return load_backend().runner()
+
+
+def prompt(seed: int, length: int) -> list[int]:
+    generator = torch.Generator().manual_seed(seed)
+    return [int(t) for t in torch.randint(100, 40_000, (length,), generator=generator)]
+
+
+def prefill(runner, seq: int, tokens: list[int], start: int) -> torch.Tensor:
+    """The rest of a prompt in the chunks the scheduler cuts (block boundaries); last logits."""
+    for first in range(start, len(tokens), BLOCK):
+        logits = runner.forward([(seq, tokens[first:first + BLOCK])])
+    return logits[0]
+
+
+def test_a_repeated_prompt_reuses_its_whole_blocks_and_decodes_exactly_the_same(runner) -> None:
+    cache = PrefixCache(runner, BLOCK, capacity=2)
+    tokens = prompt(0, 40)
+    seq, cached = cache.start(tokens)
+    assert cached == 0
+    fresh = prefill(runner, seq, tokens, 0)
+    cache.keep(seq, tokens)
+    step = runner.forward([(seq, [5])])
+    runner.remove(seq)  # the next request comes after this one
+    again, cached = cache.start(tokens)
+    assert cached == 32 and runner.length(again) == 32  # 40 tokens: two whole blocks
+    assert torch.equal(prefill(runner, again, tokens, cached), fresh)
+    assert torch.equal(runner.forward([(again, [5])]), step)
+
+
+def test_the_last_token_is_always_prefilled_and_a_shared_beginning_is_reused(runner) -> None:
+    cache = PrefixCache(runner, BLOCK, capacity=2)
+    tokens = prompt(1, 32)
+    seq, _ = cache.start(tokens)
+    prefill(runner, seq, tokens, 0)
+    cache.keep(seq, tokens)
+    assert cache.start(tokens)[1] == 16  # 32 tokens: the second block holds the last one
+    other = tokens[:20] + prompt(2, 30)
+    assert cache.start(other)[1] == 16  # 20 shared tokens: one whole block
+    assert cache.start(prompt(3, 40))[1] == 0
+
+
+def test_a_longer_prefix_replaces_the_one_it_extends_and_the_oldest_is_evicted(runner) -> None:
+    cache = PrefixCache(runner, BLOCK, capacity=2)
+    base = prompt(4, 40)
+    longer = base + prompt(5, 30)
+    for tokens in (base, longer):
+        seq, start = cache.start(tokens)
+        prefill(runner, seq, tokens, start)
+        cache.keep(seq, tokens)
+        runner.remove(seq)
+    assert len(cache) == 1 and cache.start(base)[1] == 32 and cache.start(longer)[1] == 64
+    for seed in (6, 7):  # two new prefixes: the least recently used one goes
+        tokens = prompt(seed, 20)
+        seq, _ = cache.start(tokens)
+        prefill(runner, seq, tokens, 0)
+        cache.keep(seq, tokens)
+        runner.remove(seq)
+    assert len(cache) == 2 and cache.start(longer)[1] == 0 and cache.start(prompt(7, 20))[1] == 16
+    cache.clear()
+    assert len(cache) == 0
+
+
+def test_a_cache_of_no_entries_keeps_nothing(runner) -> None:
+    cache = PrefixCache(runner, BLOCK, capacity=0)
+    tokens = prompt(8, 40)
+    seq, _ = cache.start(tokens)
+    prefill(runner, seq, tokens, 0)
+    cache.keep(seq, tokens)
+    assert len(cache) == 0 and cache.start(tokens)[1] == 0
+
+
+SYSTEM = ("You answer questions about the weather of cities in Japan. " * 12).strip()
+MESSAGES = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Tokyo?"}]
+
+
+def test_the_engine_skips_a_kept_prefix_and_says_so_in_usage() -> None:
+    engine = Engine(prefill_chunk=64, prewarm=False)
+    without = Engine(prefill_chunk=64, prefix_cache=0, prewarm=False)
+    first = engine.generate(MESSAGES, max_tokens=6, temperature=0)
+    prompt_tokens = first.usage["prompt_tokens"]
+    assert prompt_tokens > 128
+    assert first.usage["prompt_tokens_details"] == {"cached_tokens": 0}
+    second = engine.generate(MESSAGES, max_tokens=6, temperature=0)
+    cached = second.usage["prompt_tokens_details"]["cached_tokens"]
+    assert cached == (prompt_tokens - 1) // 64 * 64
+    assert engine.stats.cached_prompt_tokens == cached
+    assert second.token_ids == first.token_ids
+    plain = without.generate(MESSAGES, max_tokens=6, temperature=0)
+    plain_again = without.generate(MESSAGES, max_tokens=6, temperature=0)
+    assert plain_again.usage["prompt_tokens_details"] == {"cached_tokens": 0}
+    assert plain.token_ids == plain_again.token_ids == first.token_ids
