@@ -79,9 +79,6 @@ class PrefixCache:
             self._entries.remove(min(self._entries, key=lambda e: e.used))
         self._entries.append(_Entry(tokens, self.runner.save(seq, length), self._clock))
 
-    def clear(self) -> None:
-        self._entries = []
-
     def _usable(self, shared: int, prompt_length: int) -> int:
         """Whole blocks of a shared prefix, leaving the prompt's last token to prefill."""
         return min(shared, prompt_length - 1) // self.block * self.block

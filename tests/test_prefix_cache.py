@@ -31,6 +31,14 @@ def prefill(runner, seq: int, tokens: list[int], start: int) -> torch.Tensor:
     return logits[0]
 
 
+def serve(cache: PrefixCache, runner, tokens: list[int]) -> None:
+    """One request's prompt: started from the cache, the rest prefilled, kept; then it leaves."""
+    seq, start = cache.start(tokens)
+    prefill(runner, seq, tokens, start)
+    cache.keep(seq, tokens)
+    runner.remove(seq)
+
+
 def test_a_repeated_prompt_reuses_its_whole_blocks_and_decodes_exactly_the_same(runner) -> None:
     cache = PrefixCache(runner, BLOCK, capacity=2)
     tokens = prompt(0, 40)
@@ -49,9 +57,7 @@ def test_a_repeated_prompt_reuses_its_whole_blocks_and_decodes_exactly_the_same(
 def test_the_last_token_is_always_prefilled_and_a_shared_beginning_is_reused(runner) -> None:
     cache = PrefixCache(runner, BLOCK, capacity=2)
     tokens = prompt(1, 32)
-    seq, _ = cache.start(tokens)
-    prefill(runner, seq, tokens, 0)
-    cache.keep(seq, tokens)
+    serve(cache, runner, tokens)
     assert cache.start(tokens)[1] == 16  # 32 tokens: the second block holds the last one
     other = tokens[:20] + prompt(2, 30)
     assert cache.start(other)[1] == 16  # 20 shared tokens: one whole block
@@ -63,28 +69,17 @@ def test_a_longer_prefix_replaces_the_one_it_extends_and_the_oldest_is_evicted(r
     base = prompt(4, 40)
     longer = base + prompt(5, 30)
     for tokens in (base, longer):
-        seq, start = cache.start(tokens)
-        prefill(runner, seq, tokens, start)
-        cache.keep(seq, tokens)
-        runner.remove(seq)
+        serve(cache, runner, tokens)
     assert len(cache) == 1 and cache.start(base)[1] == 32 and cache.start(longer)[1] == 64
     for seed in (6, 7):  # two new prefixes: the least recently used one goes
-        tokens = prompt(seed, 20)
-        seq, _ = cache.start(tokens)
-        prefill(runner, seq, tokens, 0)
-        cache.keep(seq, tokens)
-        runner.remove(seq)
+        serve(cache, runner, prompt(seed, 20))
     assert len(cache) == 2 and cache.start(longer)[1] == 0 and cache.start(prompt(7, 20))[1] == 16
-    cache.clear()
-    assert len(cache) == 0
 
 
 def test_a_cache_of_no_entries_keeps_nothing(runner) -> None:
     cache = PrefixCache(runner, BLOCK, capacity=0)
     tokens = prompt(8, 40)
-    seq, _ = cache.start(tokens)
-    prefill(runner, seq, tokens, 0)
-    cache.keep(seq, tokens)
+    serve(cache, runner, tokens)
     assert len(cache) == 0 and cache.start(tokens)[1] == 0
 
 
