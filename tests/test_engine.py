@@ -310,6 +310,17 @@ def test_a_local_hf_folder_and_bad_model_paths(noise_engine: Engine, tmp_path: P
             Engine(model=bad)
 
 
+def test_a_corrupt_model_file_is_a_clear_error_in_the_caller(tmp_path: Path) -> None:
+    """Loading runs in a passing thread (engine/model.py): its failure reaches the caller,
+    naming the file."""
+    from pegmask.engine.model import ModelLoadError
+
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF but not really")
+    with pytest.raises(ModelLoadError, match="broken.gguf could not be loaded"):
+        Engine(model=broken)
+
+
 NOISE_TOOL = {"type": "function", "function": {"name": "lookup", "parameters": {
     "type": "object", "properties": {"q": {"type": "string", "maxLength": 8},
                                      "n": {"type": "integer", "minimum": 0, "maximum": 9}},
