@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import functools
 import os
-import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -37,23 +37,10 @@ T = TypeVar("T")
 
 
 def _in_passing_thread(work: Callable[[], T]) -> T:
-    """`work()`, run in a thread of its own so that the OpenMP team its torch ops make ends
-    with it (see the module docstring); its exception, if any, is raised here."""
-    outcome: list[Any] = []
-
-    def run() -> None:
-        try:
-            outcome.append((True, work()))
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller as is
-            outcome.append((False, exc))
-
-    thread = threading.Thread(target=run, name="pegmask-load")
-    thread.start()
-    thread.join()
-    ok, value = outcome[0]
-    if not ok:
-        raise value
-    return value
+    """`work()`, run in a thread that ends with it, so that the OpenMP team its torch ops make
+    ends too (see the module docstring); its exception, if any, is raised here."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="pegmask-load") as pool:
+        return pool.submit(work).result()
 
 
 class ModelNotFoundError(FileNotFoundError):
