@@ -55,6 +55,7 @@ def sample_masked(
     # empty interval of the CDF, so it is never drawn.
     cdf = scores.softmax(dim=-1).cumsum(dim=-1)
     total = cdf[..., -1:]
-    point = torch.rand(total.shape, generator=generator, dtype=cdf.dtype) * total
+    point = torch.rand(total.shape, generator=generator, dtype=cdf.dtype,
+                       device=cdf.device) * total
     point = torch.minimum(point, torch.nextafter(total, torch.zeros_like(total)))  # < total
     return torch.searchsorted(cdf, point, right=True).squeeze(-1)
