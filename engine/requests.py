@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import json
-import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,33 +24,9 @@ from pegmask.dialects.request import ChatRequest, RequestError
 from pegmask.grammars import Grammar
 from pegmask.grammars.ir import Literal, choice
 
-logger = logging.getLogger("pegmask.requests")
-
 DEFAULT_MAX_TOKENS = 512
-LEGACY_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound
 GRAMMAR_FORMATS = ("regex", "grammar", "choice")
-CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
-# Request fields passed to `build_request` as they are, when present and not null.
-_SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
-                    "frequency_penalty", "presence_penalty", "repetition_penalty", "logit_bias",
-                    "ignore_eos", "min_tokens", "n", "close_on_length")
-_SHAPE_FIELDS = ("tools", "tool_choice", "parallel_tool_calls", "response_format", "grammar")
-# Fields that would change the response in ways this server does not implement, with the values
-# that mean "off": anything else is a 400 naming the field.
-_UNSUPPORTED = {"echo": (None, False), "best_of": (None, 1), "suffix": (None, ""),
-                "prompt_logprobs": (None, 0), "guided_decoding_backend": (None,),
-                # The legacy function calling: `tools` and `tool_choice` replace it.
-                "functions": (None, []), "function_call": (None,)}
-# Fields that only describe the request (accepted, no effect on the output).
-DESCRIPTIVE_FIELDS = frozenset({
-    "model", "user", "metadata", "store", "service_tier", "stream", "stream_options",
-    "prediction", "modalities", "audio", "web_search_options", "request_id",
-    "safety_identifier", "prompt_cache_key", "verbosity", "messages", "prompt", "max_tokens",
-    "max_completion_tokens", "logprobs", "top_logprobs", "chat_template_kwargs",
-    "reasoning_effort", "skip_special_tokens", "spaces_between_special_tokens",
-    "include_stop_str_in_output", "add_generation_prompt",
-})
 
 
 class InvalidRequestError(ValueError):
@@ -164,8 +139,8 @@ def build_request(
         logprobs=_flag("logprobs", logprobs),
         top_logprobs=_top_logprobs(top_logprobs, logprobs),
         ignore_eos=_flag("ignore_eos", ignore_eos),
-        min_tokens=_count("min_tokens", min_tokens, 0),
-        n=_count("n", n, 1, low=1),
+        min_tokens=int_field("min_tokens", min_tokens, 0),
+        n=int_field("n", n, 1, low=1),
         close_on_length=_flag("close_on_length", close_on_length, True),
     )
     if sampling.min_tokens > sampling.max_tokens:
@@ -210,113 +185,6 @@ def build_request(
         raise InvalidRequestError(str(exc), exc.param) from exc
     return GenerationRequest(None, messages, sampling, chat=chat, grammar=constraint,
                              template_kwargs=template_kwargs)
-
-
-def openai_request(body: Any, *, chat: bool) -> tuple[Any, dict[str, Any]]:
-    """(prompt or messages, `Engine.generate` options) of an OpenAI request body: chat
-    completions when `chat`, else legacy completions. `grammar` (PEG text), `top_k`, `min_p`,
-    `repetition_penalty`, `stop_token_ids`, `ignore_eos`, `min_tokens` (vLLM's names) and
-    `close_on_length` are extensions. Fields pegmask does not know are logged and ignored."""
-    if not isinstance(body, Mapping):
-        raise InvalidRequestError("the request body must be a JSON object")
-    for name, off in _UNSUPPORTED.items():
-        if body.get(name) not in off:
-            raise InvalidRequestError(f"{name}={body[name]!r} is not supported", name)
-    log_unknown_fields(body, ("chat" if chat else "completions"))
-    options = {name: body[name] for name in _SAMPLING_FIELDS if body.get(name) is not None}
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    if max_tokens is not None:
-        options["max_tokens"] = max_tokens
-    elif not chat:
-        options["max_tokens"] = LEGACY_COMPLETION_MAX_TOKENS
-    options.update({name: body[name] for name in _SHAPE_FIELDS if body.get(name) is not None})
-    logprobs = body.get("logprobs")
-    if not chat:
-        # Completions: `logprobs` is the number of alternatives (0-5), null for none.
-        if logprobs is not None:
-            options["logprobs"] = True
-            options["top_logprobs"] = _count("logprobs", logprobs, 0)
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1:
-            prompt = prompt[0]
-        if not isinstance(prompt, str):
-            raise InvalidRequestError("prompt must be a string", "prompt")
-        return prompt, options
-    if logprobs is not None:
-        options["logprobs"] = logprobs
-    if body.get("top_logprobs") is not None:
-        options["top_logprobs"] = body["top_logprobs"]
-    if "messages" not in body:
-        raise InvalidRequestError("messages is required", "messages")
-    _check_chat_messages(body["messages"])
-    kwargs = body.get("chat_template_kwargs") or {}
-    if not isinstance(kwargs, Mapping):
-        raise InvalidRequestError("chat_template_kwargs must be an object", "chat_template_kwargs")
-    kwargs = dict(kwargs)
-    if body.get("reasoning_effort") is not None:
-        if not isinstance(body["reasoning_effort"], str):
-            raise InvalidRequestError("reasoning_effort must be a string", "reasoning_effort")
-        kwargs.setdefault("reasoning_effort", body["reasoning_effort"])
-    if kwargs:
-        options["chat_template_kwargs"] = kwargs
-    return body["messages"], options
-
-
-def _check_chat_messages(messages: Any) -> None:
-    """The shape of Chat Completions `messages` (roles, content, tool calls): the chat template
-    would otherwise fail on a bad one in ways that do not say which message is at fault."""
-    if not isinstance(messages, list):  # a string would read as a completion prompt
-        raise InvalidRequestError("messages must be a list of message objects", "messages")
-    for i, message in enumerate(messages):
-        where = f"messages[{i}]"
-        if not isinstance(message, Mapping):
-            raise InvalidRequestError(f"{where} must be an object", "messages")
-        role = message.get("role")
-        if role not in CHAT_ROLES:
-            raise InvalidRequestError(
-                f"{where}.role must be one of {', '.join(CHAT_ROLES)}, not {role!r}", "messages")
-        content = message.get("content")
-        if content is None and role not in ("assistant", "function"):
-            raise InvalidRequestError(f"{where} needs content", "messages")
-        if not (content is None or isinstance(content, str) or (
-                isinstance(content, list) and all(_content_part(part) for part in content))):
-            raise InvalidRequestError(
-                f"{where}.content must be a string or a list of text parts (this server's "
-                "model reads text only)", "messages")
-        for name in ("name", "tool_call_id", "reasoning_content"):
-            if message.get(name) is not None and not isinstance(message[name], str):
-                raise InvalidRequestError(f"{where}.{name} must be a string", "messages")
-        calls = message.get("tool_calls")
-        if calls is not None and not (isinstance(calls, list) and all(map(_tool_call, calls))):
-            raise InvalidRequestError(
-                f"{where}.tool_calls must be a list of "
-                '{"id", "type": "function", "function": {"name", "arguments"}}', "messages")
-
-
-def _content_part(part: Any) -> bool:
-    """A text part: the model reads text only, and an image left out of the prompt would be
-    an ignored input."""
-    if not isinstance(part, Mapping):
-        return False
-    key = "refusal" if part.get("type") == "refusal" else "text"
-    return part.get("type") in ("text", "refusal") and isinstance(part.get(key), str)
-
-
-def _tool_call(call: Any) -> bool:
-    if not isinstance(call, Mapping) or not isinstance(call.get("function"), Mapping):
-        return False
-    function = call["function"]
-    return (isinstance(call.get("id", ""), str) and isinstance(function.get("name"), str)
-            and isinstance(function.get("arguments", ""), (str, Mapping)))
-
-
-def log_unknown_fields(body: Mapping[str, Any], api: str,
-                       known: frozenset[str] = frozenset()) -> None:
-    """Log the fields of a request body that pegmask neither uses nor knows to be harmless."""
-    unknown = sorted(set(body) - DESCRIPTIVE_FIELDS - known - set(_SAMPLING_FIELDS)
-                     - set(_SHAPE_FIELDS) - set(_UNSUPPORTED))
-    if unknown:
-        logger.warning("%s request: ignoring unknown fields %s", api, ", ".join(unknown))
 
 
 def grammar_for_format(response_format: Mapping[str, Any]) -> Grammar:
@@ -418,7 +286,8 @@ def _number(name: str, value: Any, default: float, *, low: float,
     return float(value)
 
 
-def _count(name: str, value: Any, default: int, *, low: int = 0) -> int:
+def int_field(name: str, value: Any, default: int, *, low: int = 0) -> int:
+    """An integer field of at least `low` (`default` when absent)."""
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -442,7 +311,7 @@ def _repetition_penalty(value: Any) -> float:
 
 
 def _top_logprobs(value: Any, logprobs: Any) -> int:
-    count = _count("top_logprobs", value, 0)
+    count = int_field("top_logprobs", value, 0)
     if count > MAX_TOP_LOGPROBS:
         raise InvalidRequestError(f"top_logprobs must be <= {MAX_TOP_LOGPROBS}", "top_logprobs")
     if count and not logprobs:

@@ -266,8 +266,7 @@ def _chat(args: argparse.Namespace, _: list[str]) -> int:
 def _serve(args: argparse.Namespace, _: list[str]) -> int:
     import uvicorn
 
-    from pegmask.engine.server import create_app
-    from pegmask.engine.serving import ServerConfig
+    from pegmask.server import ServerConfig, create_app
 
     config = ServerConfig(api_key=args.api_key,
                           served_model_names=tuple(args.served_model_name),
@@ -286,9 +285,9 @@ def _run_batch(args: argparse.Namespace, _: list[str]) -> int:
     OpenAI Batch API line `{"custom_id", "url", "body"}`; each output line answers one input
     line, in order, in the same form. Every request goes to the scheduler at once; it decodes
     `--max-running` of them together."""
-    from pegmask.engine.api_openai import completion_response
-    from pegmask.engine.errors import as_api_error, error_body
-    from pegmask.engine.requests import InvalidRequestError, openai_request
+    from pegmask.engine.requests import InvalidRequestError
+    from pegmask.server.errors import as_api_error, error_body
+    from pegmask.server.openai_chat import completion_response, openai_request
 
     lines = [json.loads(line) for line in args.input.read_text(encoding="utf-8").splitlines()
              if line.strip()]

@@ -22,8 +22,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from pegmask import Engine  # noqa: E402
 from pegmask.engine.decode import RowSpec  # noqa: E402
 from pegmask.engine.scheduler import Submission  # noqa: E402
-from pegmask.engine.server import create_app  # noqa: E402
-from pegmask.engine.serving import ServerConfig  # noqa: E402
+from pegmask.server import ServerConfig, create_app  # noqa: E402
 
 KEY = "sk-test"  # what the clients send when a server asks for no key (ignored there)
 

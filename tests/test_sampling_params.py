@@ -257,7 +257,7 @@ def test_ignore_eos_and_min_tokens(server: Server) -> None:
 
 
 def test_unknown_fields_are_logged_descriptive_ones_accepted(server: Server, caplog) -> None:
-    caplog.set_level(logging.WARNING, logger="pegmask.requests")
+    caplog.set_level(logging.WARNING, logger="pegmask.server")
     model = server.engine.model_name
     descriptive = {"user": "u-1", "metadata": {"team": "a"}, "store": True}
     server.openai().chat.completions.create(

@@ -17,7 +17,7 @@ import pytest
 from server_harness import Server, serve
 
 from pegmask import Engine
-from pegmask.engine.serving import ServerConfig
+from pegmask.server import ServerConfig
 
 USER = [{"role": "user", "content": "hi"}]
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}

@@ -21,11 +21,10 @@ import pydantic_core
 from fastapi import FastAPI, Request
 
 from pegmask.dialects.history import HistoryError, normalize_history, normalize_tools
-from pegmask.engine import sse
 from pegmask.engine.engine import GenerationResult, GenerationStream
-from pegmask.engine.errors import APIError, error_body
-from pegmask.engine.requests import log_unknown_fields
-from pegmask.engine.serving import ServerContext, boolean, text_only
+from pegmask.server import sse
+from pegmask.server.errors import APIError, error_body
+from pegmask.server.gateway import ServerContext, boolean, log_unknown_fields, text_only
 
 _FIELDS = frozenset({"system", "tools", "tool_choice", "thinking", "stop_sequences",
                      "max_tokens", "container", "mcp_servers", "output_config", "output_format"})

@@ -1,14 +1,14 @@
 """The HTTP server: one `Engine`, three API surfaces, shared health, metrics, auth and errors.
 
-    POST /v1/chat/completions, /v1/completions     OpenAI (engine/api_openai.py)
-    POST /v1/responses, GET /v1/responses/{id}     OpenAI Responses (engine/api_responses.py)
-    POST /v1/messages, /v1/messages/count_tokens   Anthropic Messages (engine/api_anthropic.py)
+    POST /v1/chat/completions, /v1/completions     OpenAI (server/openai_chat.py)
+    POST /v1/responses, GET /v1/responses/{id}     OpenAI Responses (server/openai_responses.py)
+    POST /v1/messages, /v1/messages/count_tokens   Anthropic Messages (server/anthropic_messages.py)
     GET  /v1/models, /health, /metrics
 
 Routes run on the event loop and never decode: requests are prepared in worker threads and
 decoded by the engine's scheduler, which batches every request in flight. Errors take each
-API's own shape (engine/errors.py): routes raise, and the gateway middleware answers
-(engine/serving.py); `--api-key` guards every route but /health and /metrics.
+API's own shape (server/errors.py): routes raise, and the gateway middleware answers
+(server/gateway.py); `--api-key` guards every route but /health and /metrics.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
-from pegmask.engine import api_anthropic, api_openai, api_responses
 from pegmask.engine.engine import Engine
-from pegmask.engine.errors import APIError, error_body
 from pegmask.engine.metrics import CONTENT_TYPE
-from pegmask.engine.serving import GatewayMiddleware, ServerConfig, ServerContext, route_of
+from pegmask.server import anthropic_messages, openai_chat, openai_responses
+from pegmask.server.errors import APIError, error_body
+from pegmask.server.gateway import GatewayMiddleware, ServerConfig, ServerContext, route_of
 
 
 def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
@@ -53,9 +53,9 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
     async def metrics() -> Response:
         return Response(engine.metrics.render(), media_type=CONTENT_TYPE)
 
-    api_openai.register(app, context)
-    api_responses.register(app, context)
-    api_anthropic.register(app, context)
+    openai_chat.register(app, context)
+    openai_responses.register(app, context)
+    anthropic_messages.register(app, context)
     app.add_middleware(GatewayMiddleware, context=context)
     return app
 

@@ -21,13 +21,22 @@ from starlette.concurrency import run_in_threadpool
 
 from pegmask.dialects.history import History
 from pegmask.engine.engine import Engine, GenerationResult, GenerationStream
-from pegmask.engine.errors import APIError, ApiStyle, as_api_error, error_body
 from pegmask.engine.requests import InvalidRequestError
+from pegmask.server.errors import APIError, ApiStyle, as_api_error, error_body
 
 logger = logging.getLogger("pegmask.server")
 
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 _DISCONNECT_POLL_S = 0.25
+# Fields that only describe the request (accepted, no effect on the output).
+DESCRIPTIVE_FIELDS = frozenset({
+    "model", "user", "metadata", "store", "service_tier", "stream", "stream_options",
+    "prediction", "modalities", "audio", "web_search_options", "request_id",
+    "safety_identifier", "prompt_cache_key", "verbosity", "messages", "prompt", "max_tokens",
+    "max_completion_tokens", "logprobs", "top_logprobs", "chat_template_kwargs",
+    "reasoning_effort", "skip_special_tokens", "spaces_between_special_tokens",
+    "include_stop_str_in_output", "add_generation_prompt",
+})
 
 # URL path -> (API name for /metrics, error style)
 _ROUTES: dict[str, tuple[str, ApiStyle]] = {
@@ -268,3 +277,11 @@ async def _send_error(send: Any, error: APIError, style: ApiStyle) -> None:
         headers.append((b"retry-after", b"1"))
     await send({"type": "http.response.start", "status": error.status, "headers": headers})
     await send({"type": "http.response.body", "body": payload})
+
+
+def log_unknown_fields(body: Mapping[str, Any], api: str,
+                       known: frozenset[str] = frozenset()) -> None:
+    """Log the fields of a request body that pegmask neither uses nor knows to be harmless."""
+    unknown = sorted(set(body) - DESCRIPTIVE_FIELDS - known)
+    if unknown:
+        logger.warning("%s request: ignoring unknown fields %s", api, ", ".join(unknown))

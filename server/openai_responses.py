@@ -25,14 +25,19 @@ from typing import Any
 from fastapi import FastAPI, Request
 
 from pegmask.dialects.history import HistoryError, normalize_history, normalize_tools
-from pegmask.engine import sse
-from pegmask.engine.api_openai import token_text
 from pegmask.engine.decode import TokenLogprob
 from pegmask.engine.engine import GenerationResult, GenerationStream
-from pegmask.engine.errors import APIError
-from pegmask.engine.requests import log_unknown_fields
-from pegmask.engine.serving import ServerContext, boolean, string_or_none, text_only
 from pegmask.grammars.vocab import Vocabulary
+from pegmask.server import sse
+from pegmask.server.errors import APIError
+from pegmask.server.gateway import (
+    ServerContext,
+    boolean,
+    log_unknown_fields,
+    string_or_none,
+    text_only,
+)
+from pegmask.server.openai_chat import token_text
 
 # Request fields this module reads (the rest are descriptive or logged as unknown).
 _FIELDS = frozenset({"input", "instructions", "tools", "tool_choice", "parallel_tool_calls",

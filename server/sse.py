@@ -16,7 +16,7 @@ from typing import Any
 
 from fastapi.responses import StreamingResponse
 
-from pegmask.engine.errors import APIError, as_api_error
+from pegmask.server.errors import APIError, as_api_error
 
 logger = logging.getLogger("pegmask.server")
 
