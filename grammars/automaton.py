@@ -23,7 +23,7 @@ import numpy as np
 
 from pegmask.grammars.completion import UNREACHABLE, Completions
 from pegmask.grammars.grammar import Grammar
-from pegmask.grammars.json_schema_emit import WHITESPACE
+from pegmask.grammars.ir import JSON_WHITESPACE
 from pegmask.grammars.program import SPECIAL, SPECIAL_BASE, Program, accept_table
 from pegmask.grammars.runtime import DEFAULT_MAX_DEPTH, Runtime
 from pegmask.grammars.spelling import Lexeme, spelled_specials
@@ -1400,7 +1400,7 @@ def prepare_vocabulary(vocab: Vocabulary) -> None:
     first mask would otherwise build: the token trie and its split after JSON whitespace
     (0.1-0.2 s on SmolLM2 and DeepSeek V4)."""
     token_trie(vocab)
-    run_trie(vocab, accept_table(WHITESPACE.ranges))
+    run_trie(vocab, accept_table(JSON_WHITESPACE.ranges))
 
 
 def compile_grammar(grammar: Grammar, vocab: Vocabulary, **options: Any) -> CompiledGrammar:
