@@ -48,7 +48,7 @@ from pegmask.bench.grammar_inputs import (
     tool_call_case,
 )
 from pegmask.bench.reporting import machine_info, publish
-from pegmask.grammars.automaton import CompiledGrammar, compile_grammar, prepare_vocabulary
+from pegmask.grammars.compiler import CompiledGrammar, compile_grammar, prepare_vocabulary
 from pegmask.grammars.errors import GrammarError
 from pegmask.grammars.grammar import Grammar
 from pegmask.grammars.vocab import Vocabulary

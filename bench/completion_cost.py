@@ -21,7 +21,7 @@ from pathlib import Path
 from pegmask.bench.grammar_bench import load_cases, tool_call_case
 from pegmask.engine.model import default_model_path
 from pegmask.grammars import Grammar
-from pegmask.grammars.automaton import GrammarCompiler
+from pegmask.grammars.compiler import GrammarCompiler
 from pegmask.grammars.vocab import Vocabulary
 
 CLOSING_EVERY = 8

@@ -108,7 +108,7 @@ class Pegmask(Engine):
     name = "pegmask"
 
     def __init__(self, model: Model, config: str = "default"):
-        from pegmask.grammars.automaton import prepare_vocabulary
+        from pegmask.grammars.compiler import prepare_vocabulary
         from pegmask.grammars.vocab import Vocabulary
         from pegmask.kernels import allocate_token_bitmask
 
@@ -120,7 +120,7 @@ class Pegmask(Engine):
 
     def _compiled(self, build: Callable[[], Any]) -> Any:
         from pegmask.grammars import GrammarError
-        from pegmask.grammars.automaton import compile_grammar
+        from pegmask.grammars.compiler import compile_grammar
 
         try:
             return compile_grammar(build(), self.vocab)

@@ -353,7 +353,7 @@ class PegmaskEngine:
         self.eos = vocab.eos_ids[0]
 
     def compile(self, schema: Any) -> Any:
-        from pegmask.grammars.automaton import compile_grammar
+        from pegmask.grammars.compiler import compile_grammar
 
         return compile_grammar(Grammar.from_json_schema(schema, **self.options), self.vocab)
 
@@ -529,7 +529,7 @@ def make_engines(names: Iterable[str], vocab: Vocabulary, tokenizer: Any,
     engines: list[Any] = []
     for name in names:
         if name == "pegmask":
-            from pegmask.grammars.automaton import prepare_vocabulary
+            from pegmask.grammars.compiler import prepare_vocabulary
 
             prepare_vocabulary(vocab)  # built once, before any fork
             # Import the front-ends' lazily imported modules before any fork, so that every

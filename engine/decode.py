@@ -45,7 +45,8 @@ from pegmask.kernels.logits import apply_logit_bias, apply_penalties
 if TYPE_CHECKING:
     from pegmask.dialects import DialectStreamParser
     from pegmask.engine.requests import SamplingParams
-    from pegmask.grammars.automaton import CompiledGrammar, GrammarMatcher
+    from pegmask.grammars.compiler import CompiledGrammar
+    from pegmask.grammars.matcher import GrammarMatcher
     from pegmask.grammars.vocab import Vocabulary
 
 Delta = dict[str, Any]

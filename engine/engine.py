@@ -47,7 +47,7 @@ from pegmask.engine.requests import (
 )
 from pegmask.engine.scheduler import Event, Limits, Scheduler, Submission
 from pegmask.grammars import Grammar
-from pegmask.grammars.automaton import CompiledGrammar, GrammarCompiler
+from pegmask.grammars.compiler import CompiledGrammar, GrammarCompiler
 from pegmask.grammars.vocab import Vocabulary
 
 logger = logging.getLogger("pegmask.engine")

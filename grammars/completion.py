@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from pegmask.grammars.configurations import DEAD
 from pegmask.grammars.errors import GrammarError
 from pegmask.grammars.program import (
     BYTE,
@@ -45,10 +46,9 @@ from pegmask.grammars.program import (
 )
 
 if TYPE_CHECKING:
-    from pegmask.grammars.automaton import CompiledGrammar
+    from pegmask.grammars.compiler import CompiledGrammar
 
 UNREACHABLE = 1 << 60  # the distance where no completion exists
-_DEAD = 0  # the automaton's dead configuration
 _NO_BYTE = bytes(256)  # the accept table of the empty union
 _ENTRY_BYTES = 100  # a memoized figure: its dictionary slot and its int or tuple
 _SEARCH_LIMIT = 20_000  # configurations an exact search may expand before it gives up
@@ -138,7 +138,7 @@ class Completions:
         self._first_bytes = lexer.first_bytes
         self._frames: list[int] = [0]  # per call stack: the distances of its return addresses
         self._bounds: dict[int, int] = {}
-        self._exact: dict[int, int] = {_DEAD: UNREACHABLE}
+        self._exact: dict[int, int] = {DEAD: UNREACHABLE}
         self._toward: dict[int, tuple[int, int]] = {}  # a witness's (symbol, next config)
         self._plans: dict[int, tuple[int, int, int]] = {}  # (tokens, first token, after it)
         self._nice: dict[int, int] = {}  # per BYTE instruction, the byte a witness writes
@@ -171,7 +171,7 @@ class Completions:
         known = self._bounds.get(config)
         if known is None:
             compiled = self.compiled
-            if config == _DEAD:
+            if config == DEAD:
                 known = UNREACHABLE
             elif compiled._accepting[config]:
                 known = 0
@@ -194,10 +194,10 @@ class Completions:
             for symbol, spelling in self.spelling.items():
                 if spelling.startswith(held):  # (what follows a plain byte may be a whole one)
                     after = compiled._thread_step(base, symbol)
-                    if after != _DEAD:
+                    if after != DEAD:
                         best = min(best, len(spelling) - len(held) + self.bound(after))
             base = compiled._thread_step(base, held[0])
-            if base == _DEAD:
+            if base == DEAD:
                 return best
             held = held[1:]
         return min(best, self.bound(base))
@@ -248,7 +248,7 @@ class Completions:
         symbol first, then every other), or None."""
         for symbol in self._preferred_symbols(config):
             after = self._after(config, symbol)
-            if after != _DEAD and self._estimate(after) == left - 1:
+            if after != DEAD and self._estimate(after) == left - 1:
                 return symbol, after
         for symbol, after in self._successors(config):
             if self._estimate(after) == left - 1:
@@ -303,7 +303,7 @@ class Completions:
         """Every live next configuration of `config`, with the symbol that leads there (the
         most readable byte, or a special token the vocabulary has)."""
         row = self.compiled._row(config)
-        seen: set[int] = {_DEAD}
+        seen: set[int] = {DEAD}
         for byte in _PREFERRED:
             after = row[byte]
             if after not in seen:

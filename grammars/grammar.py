@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import Any
 
-from pegmask.grammars.ir import GrammarIR, Node, json_schema_node
+from pegmask.grammars.ir import GrammarIR, Node, contains_json_schema, json_schema_node
 from pegmask.grammars.parser import ParseResult, StreamParser, parse_program
 from pegmask.grammars.program import DEFAULT_MAX_INSTRUCTIONS, Program, compile_program
 
@@ -58,8 +59,19 @@ class Grammar:
     # ----------------------------------------------------------------- compiled forms
     @property
     def program(self) -> Program:
+        """The compiled program. The JSON Schema front-end first expands the IR's `JsonSchema`
+        nodes into rules (imported only then: grammars without schemas never load it), so
+        the compiler depends on no front-end."""
         if self._program is None:
-            self._program = compile_program(self.ir, max_instructions=self.max_instructions)
+            ir = self.ir
+            generated: Iterable[str] = ()
+            if any(contains_json_schema(body) for body in ir.rules.values()):
+                from pegmask.grammars.json_schema import expand_json_schemas
+
+                ir = expand_json_schemas(ir)
+                generated = ir.rules.keys() - self.ir.rules.keys()
+            self._program = compile_program(ir, generated=generated,
+                                            max_instructions=self.max_instructions)
         return self._program
 
     def compile(self) -> Grammar:

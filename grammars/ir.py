@@ -142,6 +142,9 @@ class Trigger(Node):
 
 
 EMPTY = Seq(())
+# JSON's insignificant whitespace: the JSON Schema front-end emits bounded runs of it, and the
+# token automaton prepares every vocabulary for them (`compiler.prepare_vocabulary`).
+JSON_WHITESPACE = CharClass(((0x09, 0x0A), (0x0D, 0x0D), (0x20, 0x20)))
 
 
 def seq(*items: Node) -> Node:
@@ -209,3 +212,15 @@ def collect_specials(rules: Mapping[str, Node]) -> set[str]:
             found.add(node.name)
         stack.extend(children(node))
     return found
+
+
+def contains_json_schema(node: Node) -> bool:
+    """Whether `node` holds a `JsonSchema` node (which the JSON Schema front-end expands before
+    the rules are compiled: `Grammar.program`)."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, JsonSchema):
+            return True
+        stack.extend(children(current))
+    return False

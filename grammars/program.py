@@ -1,8 +1,8 @@
 """Compile the grammar IR into one instruction program (a pushdown NFA over symbols).
 
 Symbols are bytes 0-255 and special tokens 256 + index into `Program.specials`. The streaming
-parser (`pegmask.grammars.parser`) and the token automaton (`pegmask.grammars.automaton`) both
-execute this same program, which is what makes them accept exactly the same language.
+parser (`pegmask.grammars.parser`) and the token automaton (`pegmask.grammars.configurations`)
+both execute this same program, which is what makes them accept exactly the same language.
 
 Instructions are stored in parallel lists (fast to index from the interpreters):
 
@@ -19,7 +19,6 @@ Instructions are stored in parallel lists (fast to index from the interpreters):
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -111,68 +110,6 @@ def byte_leaves(kind: list[int], targets: list[tuple[int, ...]]) -> list[tuple[i
             else:
                 leaves[pc] = tuple(found)
     return leaves
-
-
-def expand_json_schemas(ir: GrammarIR) -> GrammarIR:
-    """Replace every `JsonSchema` node by the rules of the JSON Schema front-end.
-
-    Only the grammar's own rules are rewritten, each distinct node once (by identity: hashing
-    a frozen node rehashes its whole subtree, so a value-keyed memo costs more than it saves).
-    The front-end's rules are taken as they are: they contain no `JsonSchema` node, and
-    copying them took about a quarter of a large schema's compile time.
-    """
-    if not any(_contains_schema(body) for body in ir.rules.values()):
-        return ir
-    from pegmask.grammars.json_schema import schema_to_rules
-
-    extra: dict[str, Node] = {}
-    cache: dict[JsonSchema, Node] = {}
-    memo: dict[int, Node] = {}  # by id: `ir` keeps every node it rewrites alive meanwhile
-
-    def rewrite(node: Node) -> Node:
-        key = id(node)
-        if key not in memo:
-            memo[key] = _rewrite(node)
-        return memo[key]
-
-    def _rewrite(node: Node) -> Node:
-        if isinstance(node, JsonSchema):
-            if node not in cache:
-                prefix = f"json{len(cache)}"
-                root, rules = schema_to_rules(
-                    json.loads(node.schema_json), prefix=prefix, **dict(node.options)
-                )
-                extra.update(rules)
-                cache[node] = root
-            return cache[node]
-        if isinstance(node, Seq):
-            return Seq(tuple(rewrite(i) for i in node.items))
-        if isinstance(node, Choice):
-            return Choice(tuple(rewrite(a) for a in node.alts))
-        if isinstance(node, Repeat):
-            return Repeat(rewrite(node.item), node.min, node.max)
-        if isinstance(node, Capture):
-            return Capture(node.tag, rewrite(node.item))
-        if isinstance(node, Trigger):
-            return Trigger(rewrite(node.item))
-        return node
-
-    rules = {name: rewrite(body) for name, body in ir.rules.items()}
-    clash = set(rules) & set(extra)
-    if clash:
-        raise GrammarError(f"rule names clash with generated JSON Schema rules: {sorted(clash)}")
-    rules.update(extra)
-    return GrammarIR(rules, ir.start, ir.specials)  # the front-end's rules read no special
-
-
-def _contains_schema(node: Node) -> bool:
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        if isinstance(current, JsonSchema):
-            return True
-        stack.extend(children(current))
-    return False
 
 
 def check_rules(ir: GrammarIR, generated: Iterable[str] = ()) -> None:
@@ -665,8 +602,10 @@ def _to_ranges(values: list[int]) -> list[tuple[int, int]]:
     return ranges
 
 
-def compile_program(ir: GrammarIR, *, max_instructions: int = DEFAULT_MAX_INSTRUCTIONS) -> Program:
-    """Expand JSON Schemas, check the rules and emit the instruction program."""
-    expanded = expand_json_schemas(ir)
-    check_rules(expanded, expanded.rules.keys() - ir.rules.keys())
-    return _Compiler(expanded, max_instructions).compile()
+def compile_program(ir: GrammarIR, *, generated: Iterable[str] = (),
+                    max_instructions: int = DEFAULT_MAX_INSTRUCTIONS) -> Program:
+    """Check the rules and emit the instruction program. Front-ends have expanded their nodes
+    first (`Grammar.program`: JSON Schemas); `generated` names the rules they made (see
+    `check_rules`)."""
+    check_rules(ir, generated)
+    return _Compiler(ir, max_instructions).compile()

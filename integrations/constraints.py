@@ -30,7 +30,8 @@ from typing import Any
 from pegmask.dialects import ChatRequest, Dialect, RequestError, get_dialect
 from pegmask.engine.requests import InvalidRequestError, grammar_for_format
 from pegmask.grammars import Grammar
-from pegmask.grammars.automaton import CompiledGrammar, GrammarCompiler, GrammarMatcher
+from pegmask.grammars.compiler import CompiledGrammar, GrammarCompiler
+from pegmask.grammars.matcher import GrammarMatcher
 from pegmask.grammars.vocab import Vocabulary
 
 FORMAT_KINDS = ("json_schema", "json_object", "regex", "grammar", "choice")

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from pegmask.grammars.automaton import GrammarMatcher
+from pegmask.grammars.matcher import GrammarMatcher
 from pegmask.grammars.vocab import Vocabulary
 from pegmask.integrations.constraints import Constraint, Constraints
 from pegmask.kernels import allocate_token_bitmask, apply_token_bitmask_inplace

@@ -5,12 +5,8 @@ The public facade; the implementation lives in the subpackages `pegmask.grammars
 """
 
 from pegmask.grammars import Grammar, GrammarError, ParseError
-from pegmask.grammars.automaton import (
-    CompiledGrammar,
-    GrammarCompiler,
-    GrammarMatcher,
-    compile_grammar,
-)
+from pegmask.grammars.compiler import CompiledGrammar, GrammarCompiler, compile_grammar
+from pegmask.grammars.matcher import GrammarMatcher
 from pegmask.grammars.vocab import Vocabulary
 
 __all__ = [

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from pegmask.bench.data import TEMPLATES_DIR
 from pegmask.dialects import ChatRequest, render_chat_template
 from pegmask.dialects.native import render_native
-from pegmask.grammars.automaton import GrammarCompiler
+from pegmask.grammars.compiler import GrammarCompiler
 from pegmask.grammars.vocab import Vocabulary
 
 Encode = Callable[[str], list[int]]

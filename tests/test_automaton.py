@@ -14,15 +14,10 @@ from hypothesis import strategies as st
 from vocabularies import smollm2, smollm2_tokenizer
 
 from pegmask.grammars import Grammar
-from pegmask.grammars.automaton import (
-    _PLAIN_ALWAYS,
-    CompiledGrammar,
-    GrammarCompiler,
-    _bits,
-    _byte_groups,
-    compile_grammar,
-    fill_next_token_bitmasks,
-)
+from pegmask.grammars.compiler import CompiledGrammar, GrammarCompiler, compile_grammar
+from pegmask.grammars.configurations import _bits, _byte_groups
+from pegmask.grammars.matcher import fill_next_token_bitmasks
+from pegmask.grammars.plain_text import _PLAIN_ALWAYS
 from pegmask.grammars.token_trie import token_trie
 from pegmask.kernels import allocate_token_bitmask
 

@@ -38,7 +38,8 @@ from hypothesis import strategies as st
 from vocabularies import smollm2, smollm2_tokenizer
 
 from pegmask.grammars import Grammar
-from pegmask.grammars.automaton import CompiledGrammar, GrammarMatcher, compile_grammar
+from pegmask.grammars.compiler import CompiledGrammar, compile_grammar
+from pegmask.grammars.matcher import GrammarMatcher
 
 PATTERNS = {
     "date": r"[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])",

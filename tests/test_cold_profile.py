@@ -7,7 +7,7 @@ from __future__ import annotations
 from vocabularies import smollm2
 
 from pegmask.bench.cold_profile import KINDS, WRAPPED, Recorder, recording
-from pegmask.grammars.automaton import CompiledGrammar, compile_grammar
+from pegmask.grammars.compiler import CompiledGrammar, compile_grammar
 from pegmask.grammars.grammar import Grammar
 
 

@@ -21,7 +21,8 @@ from vocabularies import deepseek_v4, qwen3, smollm2
 from pegmask.dialects import get_dialect
 from pegmask.dialects.request import ChatRequest
 from pegmask.grammars import Grammar
-from pegmask.grammars.automaton import CompiledGrammar, GrammarCompiler, GrammarMatcher
+from pegmask.grammars.compiler import CompiledGrammar, GrammarCompiler
+from pegmask.grammars.matcher import GrammarMatcher
 from pegmask.kernels import allocate_token_bitmask
 
 VOCABULARIES = {"smollm2": smollm2, "qwen3": qwen3, "deepseek_v4": deepseek_v4}

@@ -154,7 +154,7 @@ def assert_sampling_obeys(dialect: Dialect, request: ChatRequest, vocab: Any,
                           budget: int, seeds: int = 3) -> None:
     """Random sampling under the mask of `dialect.grammar(request)` yields outputs whose calls
     obey the request, parsed alike leniently and token by token as the engine does (trusted)."""
-    from pegmask.grammars.automaton import compile_grammar
+    from pegmask.grammars.compiler import compile_grammar
 
     compiled = compile_grammar(dialect.grammar(request), vocab)
     tiers = structure_tiers(vocab)

@@ -449,7 +449,7 @@ def harmony_tiers(vocab: Any) -> list[tuple[float, np.ndarray]]:
 @pytest.mark.parametrize("parallel", [True, False])
 @pytest.mark.parametrize("choice", range(len(TOOL_CHOICES)))
 def test_sampling_under_the_mask_yields_valid_calls(parallel, choice):
-    from pegmask.grammars.automaton import compile_grammar
+    from pegmask.grammars.compiler import compile_grammar
 
     vocab = o200k_harmony()
     schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}

@@ -261,7 +261,7 @@ def test_runs_of_spaces_are_bounded_only_when_decoding_is_constrained():
 @pytest.mark.parametrize("parallel", [True, False])
 @pytest.mark.parametrize("choice", range(len(TOOL_CHOICES)))
 def test_sampling_under_the_mask_yields_valid_calls(parallel, choice):
-    from pegmask.grammars.automaton import compile_grammar
+    from pegmask.grammars.compiler import compile_grammar
 
     vocab, _ = llmjp4()
     request = ChatRequest(tools=TOOLS, tool_choice=TOOL_CHOICES[choice],

@@ -19,8 +19,7 @@ from pegmask.bench.data import JSONSCHEMA_DIR
 from pegmask.bench.jsonschema_coverage import measure, schema_files
 from pegmask.grammars import Grammar, GrammarError, SchemaError, UnsupportedSchemaError, json_schema
 from pegmask.grammars.ir import Choice, GrammarIR, Literal, Ref, Seq, json_schema_node
-from pegmask.grammars.json_schema import schema_to_rules
-from pegmask.grammars.program import expand_json_schemas
+from pegmask.grammars.json_schema import expand_json_schemas, schema_to_rules
 
 
 def spellings(value: Any) -> list[str]:

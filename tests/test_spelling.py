@@ -14,7 +14,7 @@ from test_stream_parser import merged
 from vocabularies import smollm2, smollm2_tokenizer
 
 from pegmask.grammars import Grammar, ParseError
-from pegmask.grammars.automaton import GrammarCompiler
+from pegmask.grammars.compiler import GrammarCompiler
 from pegmask.grammars.spelling import SpellingLexer
 from pegmask.kernels import allocate_token_bitmask
 

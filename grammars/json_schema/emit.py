@@ -1,4 +1,4 @@
-"""Normal-form schemas (`json_schema_normal`) to grammar IR rules.
+"""Normal-form schemas (`normal`) to grammar IR rules.
 
 Shared pieces (whitespace, any value, any string, one string character, repeated blocks, big
 subtrees that would otherwise be copied) become named rules, so the compiled program stays
@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from pegmask.grammars.errors import SchemaError, UnsupportedSchemaError
 from pegmask.grammars.ir import (
     EMPTY,
+    JSON_WHITESPACE,
     MAX_UNICODE,
     CharClass,
     Choice,
@@ -28,7 +29,7 @@ from pegmask.grammars.ir import (
     optional,
     seq,
 )
-from pegmask.grammars.json_schema_lexical import (
+from pegmask.grammars.json_schema.lexical import (
     ALL,
     INTEGER,
     NOT_PLAIN,
@@ -43,7 +44,7 @@ from pegmask.grammars.json_schema_lexical import (
     string_literal,
     value_literal,
 )
-from pegmask.grammars.json_schema_normal import (
+from pegmask.grammars.json_schema.normal import (
     ANY,
     ArrayAtom,
     Atom,
@@ -56,7 +57,7 @@ from pegmask.grammars.json_schema_normal import (
     Schema,
     StringAtom,
 )
-from pegmask.grammars.json_schema_regular import (
+from pegmask.grammars.json_schema.regular import (
     Bounded,
     CharDFA,
     Language,
@@ -72,7 +73,7 @@ from pegmask.grammars.program import (
 )
 
 if TYPE_CHECKING:
-    from pegmask.grammars.json_schema import Lowering
+    from pegmask.grammars.json_schema.lower import Lowering
 
 NEVER_NODE = Choice(())
 MAX_KEY_REGIONS = 32
@@ -81,7 +82,6 @@ MAX_RULES = 50_000
 _BLOCK = 32  # repetition counts above this are built from shared blocks
 _MAX_COUNTED_SLOTS = 64  # minProperties / maxProperties counting: one rule call per slot
 _SMALL = 24  # nodes of up to about this many instructions are copied instead of shared
-WHITESPACE = CharClass(((0x09, 0x0A), (0x0D, 0x0D), (0x20, 0x20)))  # JSON insignificant whitespace
 _ANY_TEXT = Repeat(CharClass(((0, MAX_UNICODE),)), 0, None)
 
 
@@ -104,7 +104,7 @@ class Emitter:
         self._repeats: dict[tuple[Node, int, int], Node] = {}
         self._extras: dict[tuple, Node | None] = {}  # see `extra_member`
         self._sizes: dict[int, tuple[Node, int]] = {}  # instruction counts by node identity
-        self.ws = self.shared("ws", lambda: Repeat(WHITESPACE, 0, max_whitespace)) if max_whitespace else EMPTY
+        self.ws = self.shared("ws", lambda: Repeat(JSON_WHITESPACE, 0, max_whitespace)) if max_whitespace else EMPTY
         self.sep = seq(self.ws, Literal(b","), self.ws)
         self.colon = seq(self.ws, Literal(b":"), self.ws)
 

@@ -1,66 +1,6 @@
-"""The JSON Schema front-end: a schema to grammar IR rules for the JSON texts it accepts.
-
-`schema_to_rules(schema, prefix=...)` lowers the schema to a normal form (a union of per-type
-atoms, `json_schema_normal`) and emits IR from it (`json_schema_emit`); JSON tokens are in
-`json_schema_lexical`, regular-language operations in `json_schema_regular`, formats in
-`json_schema_formats`.
-
-Exact or an error
-    A keyword is enforced exactly or rejected at compile time with `UnsupportedSchemaError`
-    (keyword and JSON pointer), never silently skipped. Not expressible by any grammar:
-    `uniqueItems` (unless `maxItems` <= 1), `oneOf`'s "exactly one", `$dynamicRef` /
-    `$recursiveRef`. Not supported (yet): `unevaluatedItems`, `unevaluatedProperties` next to
-    combinators or `$ref`, `contains` with `prefixItems` / `maxItems` / `minItems` > 1 /
-    `maxContains` / `minContains` > 1, `not` of forms other than type, enum/const (strings,
-    null, booleans), required, pattern, length / item / numeric bounds, properties, anyOf,
-    allOf, not, $ref; `if` whose condition cannot be negated; `multipleOf` beyond k/10^d with
-    small k; patterns outside the regex subset (`pegmask.grammars.regex`); remote `$ref`.
-    `ignore_keywords=("uniqueItems", ...)` drops the named keywords everywhere, on request:
-    the grammar is then looser than the schema.
-Approximation
-    `oneOf` is compiled as `anyOf` (values matching several branches are accepted).
-Annotations
-    Unknown keywords (`title`, `description`, `default`, `examples`, `readOnly`, vendor
-    `x-...`, ...) are ignored, and so are unknown `format`s (JSON Schema's default); the known
-    formats (`json_schema_formats.FORMATS`: date-time, date, time, duration, email, hostname,
-    ipv4, ipv6, uuid, uri, uri-reference, iri, json-pointer, ...) are enforced.
-Objects
-    `additionalProperties` absent means allowed (the JSON Schema rule); `strict=True` treats
-    it as false on every object schema (OpenAI's strict mode); `strict="declared"` on every
-    object schema that declares its properties (`properties` or `patternProperties`, even
-    empty), leaving a bare `{"type": "object"}` any object (xgrammar's strict mode, which vLLM
-    applies to tool arguments). Extra keys can never
-    be named keys (so a named key cannot reappear with another value). `property_order=
-    "schema"` (default) accepts named properties in schema order, each optional one skippable,
-    extra properties after them; "any" accepts any order for objects with at most
-    `ANY_ORDER_MAX_PROPERTIES` named properties, while the schema's budget of 2^n states
-    (`json_schema_emit.ANY_ORDER_BUDGET`) lasts; larger objects, objects past the budget, and
-    counted objects with extra properties keep schema order. `patternProperties`, `propertyNames`, `dependentRequired`,
-    `dependentSchemas` / `dependencies`, `minProperties` / `maxProperties` are exact.
-Strings
-    Lengths count characters (an escape or a surrogate pair is one); lone surrogates are not
-    accepted; the spelling rule is in `json_schema_lexical`. `pattern` is an unanchored
-    ECMAScript search. Patterns, formats and lengths are intersected exactly (DFAs); a length
-    bound that a pattern's structure cannot absorb costs rules of about 2*sqrt(maxLength)
-    nested calls and is refused above `json_schema_regular.MAX_RULE_DEPTH`.
-Numbers
-    Integers are spelled without fraction or exponent; bounds are exact (digit ranges, also for
-    decimals such as 0.25); exponent notation is accepted where the sign alone decides the
-    bounds (e.g. `minimum: 0`), else not. Constants accept their canonical spelling (an
-    integral value also as `N.0`).
-References
-    Local only (`#`, JSON pointers with `~0 ~1 %xx` escapes, `$anchor`, `$id`s in the
-    document); recursion becomes grammar recursion. Siblings of `$ref` are ignored for drafts
-    3-7 (the draft rule) and applied for 2019-09, 2020-12 and schemas without `$schema`.
-Whitespace
-    "flexible" (default): up to `max_whitespace` (default 32) whitespace characters between
-    tokens, never unbounded; "compact": none, as `json.dumps(separators=(",", ":"))`. The value
-    itself has no leading or trailing whitespace.
-Bad schemas
-    `SchemaError` with the pointer: wrong keyword types, unresolvable `$ref`, contradictory
-    bounds, a schema that accepts nothing, reference cycles without content; sizes are capped
-    (atoms, rules, automaton states, pattern size; the compiler caps instructions).
-"""
+"""JSON Schema keywords to the front-end's normal form (`normal`): `Lowering` resolves `$ref`
+over the document and turns each schema into a union of per-type atoms, combinators into
+operations on them; `schema_to_rules` (the package) emits the rules from its result."""
 
 from __future__ import annotations
 
@@ -72,9 +12,8 @@ from urllib.parse import unquote
 
 from pegmask.grammars.errors import GrammarError, SchemaError, UnsupportedSchemaError
 from pegmask.grammars.ir import Node
-from pegmask.grammars.json_schema_emit import Emitter
-from pegmask.grammars.json_schema_formats import FORMATS, format_node
-from pegmask.grammars.json_schema_normal import (
+from pegmask.grammars.json_schema.formats import FORMATS, format_node
+from pegmask.grammars.json_schema.normal import (
     ANY,
     NEVER,
     Algebra,
@@ -92,70 +31,16 @@ from pegmask.grammars.json_schema_normal import (
     is_number,
     to_decimal,
 )
-from pegmask.grammars.json_schema_regular import CharDFA, NotCharLevel, RegularTooLarge
+from pegmask.grammars.json_schema.regular import CharDFA, NotCharLevel, RegularTooLarge
 from pegmask.grammars.regex import regex_to_node_search
-
-WHITESPACE_MODES = ("flexible", "compact")
-PROPERTY_ORDERS = ("schema", "any")
-DEFAULT_MAX_WHITESPACE = 32
-ANY_ORDER_MAX_PROPERTIES = 8
 
 TYPES = ("null", "boolean", "integer", "number", "string", "array", "object")
 _NON_OBJECT = Schema(tuple(a for a in ANY.atoms if not isinstance(a, ObjectAtom)))
 
 # Keywords no grammar can express (or not yet); any other keyword this module does not read
 # is an annotation.
-STRICT_MODES = (False, True, "declared")
 _UNSUPPORTED = ("$dynamicRef", "$recursiveRef", "unevaluatedItems")
 _COMBINATORS = ("allOf", "anyOf", "oneOf", "not", "$ref", "dependentSchemas", "dependencies", "if")
-
-
-def schema_to_rules(
-    schema: dict[str, Any] | bool,
-    *,
-    prefix: str,
-    whitespace: str = "flexible",
-    max_whitespace: int = DEFAULT_MAX_WHITESPACE,
-    property_order: str = "schema",
-    strict: bool | str = False,
-    ignore_keywords: Iterable[str] = (),
-    raw_until: str | None = None,
-) -> tuple[Node, dict[str, Node]]:
-    """IR for the JSON texts valid under `schema`: (root node, rules it references).
-
-    `raw_until`: instead, the *raw text* of the strings `schema` accepts (a string schema:
-    lengths, patterns, formats, enums), unescaped, as XML-parameter tool calls write them,
-    never containing `raw_until` (the text that ends the value there).
-
-    Every rule name starts with `prefix`. Raises `SchemaError` for an invalid schema (with the
-    JSON pointer of the offending subschema) and `UnsupportedSchemaError` for a keyword the
-    grammar cannot enforce; see the module docstring for the options.
-    """
-    if whitespace not in WHITESPACE_MODES:
-        raise GrammarError(f"whitespace must be one of {WHITESPACE_MODES}, not {whitespace!r}")
-    if property_order not in PROPERTY_ORDERS:
-        raise GrammarError(f"property_order must be one of {PROPERTY_ORDERS}, not {property_order!r}")
-    if not isinstance(max_whitespace, int) or max_whitespace < 0:
-        raise GrammarError("max_whitespace must be a non-negative integer")
-    if strict not in STRICT_MODES:
-        raise GrammarError(f"strict must be one of {STRICT_MODES}, not {strict!r}")
-    if isinstance(ignore_keywords, str):
-        ignore_keywords = (ignore_keywords,)
-    lowering = Lowering(schema, strict=strict, ignore=frozenset(ignore_keywords))
-    try:
-        root_schema = lowering.lower(schema, "")
-        emitter = Emitter(lowering, prefix=prefix,
-                          max_whitespace=max_whitespace if whitespace == "flexible" else 0,
-                          any_order_limit=ANY_ORDER_MAX_PROPERTIES if property_order == "any" else 1)
-        if raw_until is not None:
-            if not raw_until:
-                raise GrammarError("raw_until must be a non-empty string")
-            root, rules = emitter.emit_raw_root(root_schema, raw_until)
-        else:
-            root, rules = emitter.emit_root(root_schema)
-    except RecursionError as exc:
-        raise SchemaError("schema is nested too deeply") from exc
-    return root, rules
 
 
 class Lowering:
@@ -743,6 +628,3 @@ def _count(schema: dict[str, Any], keyword: str, pointer: str) -> int | None:
     if not is_number(value) or value < 0 or value != int(value):
         raise SchemaError(f"{keyword} must be a non-negative integer", pointer)
     return int(value)
-
-
-__all__ = ["ANY_ORDER_MAX_PROPERTIES", "DEFAULT_MAX_WHITESPACE", "Lowering", "schema_to_rules"]

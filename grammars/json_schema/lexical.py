@@ -32,7 +32,7 @@ from pegmask.grammars.ir import (
     optional,
     seq,
 )
-from pegmask.grammars.json_schema_regular import CharDFA, class_ranges
+from pegmask.grammars.json_schema.regular import CharDFA, class_ranges
 
 QUOTE = Literal(b'"')
 DIGIT = CharClass(((0x30, 0x39),))

@@ -1,6 +1,6 @@
 """The JSON Schema front-end's normal form: a schema as a union of per-type *atoms*.
 
-Lowering (`pegmask.grammars.json_schema`) turns keywords into atoms, and combinators into
+Lowering (`pegmask.grammars.json_schema.lower`) turns keywords into atoms, and combinators into
 operations on them: `anyOf` is a union, `allOf` an intersection (`Algebra.intersect`), `enum`
 filters constants through `Algebra.accepts`. Object atoms keep their key rules as a conjunction
 (intersected per key only when the grammar is emitted), which keeps recursive schemas finite;

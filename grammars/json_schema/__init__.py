@@ -1,0 +1,190 @@
+"""The JSON Schema front-end: a schema to grammar IR rules for the JSON texts it accepts.
+
+`schema_to_rules(schema, prefix=...)` lowers the schema to a normal form (a union of per-type
+atoms, `normal`; keywords to atoms in `lower`) and emits IR from it (`emit`); JSON tokens are in
+`lexical`, regular-language operations in `regular`, formats in `formats`.
+`expand_json_schemas` replaces a grammar's `JsonSchema` nodes by such rules before the grammar
+is compiled (`Grammar.program`): the compiler never sees a schema.
+
+Exact or an error
+    A keyword is enforced exactly or rejected at compile time with `UnsupportedSchemaError`
+    (keyword and JSON pointer), never silently skipped. Not expressible by any grammar:
+    `uniqueItems` (unless `maxItems` <= 1), `oneOf`'s "exactly one", `$dynamicRef` /
+    `$recursiveRef`. Not supported (yet): `unevaluatedItems`, `unevaluatedProperties` next to
+    combinators or `$ref`, `contains` with `prefixItems` / `maxItems` / `minItems` > 1 /
+    `maxContains` / `minContains` > 1, `not` of forms other than type, enum/const (strings,
+    null, booleans), required, pattern, length / item / numeric bounds, properties, anyOf,
+    allOf, not, $ref; `if` whose condition cannot be negated; `multipleOf` beyond k/10^d with
+    small k; patterns outside the regex subset (`pegmask.grammars.regex`); remote `$ref`.
+    `ignore_keywords=("uniqueItems", ...)` drops the named keywords everywhere, on request:
+    the grammar is then looser than the schema.
+Approximation
+    `oneOf` is compiled as `anyOf` (values matching several branches are accepted).
+Annotations
+    Unknown keywords (`title`, `description`, `default`, `examples`, `readOnly`, vendor
+    `x-...`, ...) are ignored, and so are unknown `format`s (JSON Schema's default); the known
+    formats (`formats.FORMATS`: date-time, date, time, duration, email, hostname,
+    ipv4, ipv6, uuid, uri, uri-reference, iri, json-pointer, ...) are enforced.
+Objects
+    `additionalProperties` absent means allowed (the JSON Schema rule); `strict=True` treats
+    it as false on every object schema (OpenAI's strict mode); `strict="declared"` on every
+    object schema that declares its properties (`properties` or `patternProperties`, even
+    empty), leaving a bare `{"type": "object"}` any object (xgrammar's strict mode, which vLLM
+    applies to tool arguments). Extra keys can never
+    be named keys (so a named key cannot reappear with another value). `property_order=
+    "schema"` (default) accepts named properties in schema order, each optional one skippable,
+    extra properties after them; "any" accepts any order for objects with at most
+    `ANY_ORDER_MAX_PROPERTIES` named properties, while the schema's budget of 2^n states
+    (`emit.ANY_ORDER_BUDGET`) lasts; larger objects, objects past the budget, and
+    counted objects with extra properties keep schema order. `patternProperties`, `propertyNames`, `dependentRequired`,
+    `dependentSchemas` / `dependencies`, `minProperties` / `maxProperties` are exact.
+Strings
+    Lengths count characters (an escape or a surrogate pair is one); lone surrogates are not
+    accepted; the spelling rule is in `lexical`. `pattern` is an unanchored
+    ECMAScript search. Patterns, formats and lengths are intersected exactly (DFAs); a length
+    bound that a pattern's structure cannot absorb costs rules of about 2*sqrt(maxLength)
+    nested calls and is refused above `regular.MAX_RULE_DEPTH`.
+Numbers
+    Integers are spelled without fraction or exponent; bounds are exact (digit ranges, also for
+    decimals such as 0.25); exponent notation is accepted where the sign alone decides the
+    bounds (e.g. `minimum: 0`), else not. Constants accept their canonical spelling (an
+    integral value also as `N.0`).
+References
+    Local only (`#`, JSON pointers with `~0 ~1 %xx` escapes, `$anchor`, `$id`s in the
+    document); recursion becomes grammar recursion. Siblings of `$ref` are ignored for drafts
+    3-7 (the draft rule) and applied for 2019-09, 2020-12 and schemas without `$schema`.
+Whitespace
+    "flexible" (default): up to `max_whitespace` (default 32) whitespace characters between
+    tokens, never unbounded; "compact": none, as `json.dumps(separators=(",", ":"))`. The value
+    itself has no leading or trailing whitespace.
+Bad schemas
+    `SchemaError` with the pointer: wrong keyword types, unresolvable `$ref`, contradictory
+    bounds, a schema that accepts nothing, reference cycles without content; sizes are capped
+    (atoms, rules, automaton states, pattern size; the compiler caps instructions).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from pegmask.grammars.errors import GrammarError, SchemaError
+from pegmask.grammars.ir import (
+    Capture,
+    Choice,
+    GrammarIR,
+    JsonSchema,
+    Node,
+    Repeat,
+    Seq,
+    Trigger,
+)
+from pegmask.grammars.json_schema.emit import Emitter
+from pegmask.grammars.json_schema.lower import Lowering
+
+WHITESPACE_MODES = ("flexible", "compact")
+PROPERTY_ORDERS = ("schema", "any")
+DEFAULT_MAX_WHITESPACE = 32
+ANY_ORDER_MAX_PROPERTIES = 8
+STRICT_MODES = (False, True, "declared")
+
+
+def schema_to_rules(
+    schema: dict[str, Any] | bool,
+    *,
+    prefix: str,
+    whitespace: str = "flexible",
+    max_whitespace: int = DEFAULT_MAX_WHITESPACE,
+    property_order: str = "schema",
+    strict: bool | str = False,
+    ignore_keywords: Iterable[str] = (),
+    raw_until: str | None = None,
+) -> tuple[Node, dict[str, Node]]:
+    """IR for the JSON texts valid under `schema`: (root node, rules it references).
+
+    `raw_until`: instead, the *raw text* of the strings `schema` accepts (a string schema:
+    lengths, patterns, formats, enums), unescaped, as XML-parameter tool calls write them,
+    never containing `raw_until` (the text that ends the value there).
+
+    Every rule name starts with `prefix`. Raises `SchemaError` for an invalid schema (with the
+    JSON pointer of the offending subschema) and `UnsupportedSchemaError` for a keyword the
+    grammar cannot enforce; see the module docstring for the options.
+    """
+    if whitespace not in WHITESPACE_MODES:
+        raise GrammarError(f"whitespace must be one of {WHITESPACE_MODES}, not {whitespace!r}")
+    if property_order not in PROPERTY_ORDERS:
+        raise GrammarError(f"property_order must be one of {PROPERTY_ORDERS}, not {property_order!r}")
+    if not isinstance(max_whitespace, int) or max_whitespace < 0:
+        raise GrammarError("max_whitespace must be a non-negative integer")
+    if strict not in STRICT_MODES:
+        raise GrammarError(f"strict must be one of {STRICT_MODES}, not {strict!r}")
+    if isinstance(ignore_keywords, str):
+        ignore_keywords = (ignore_keywords,)
+    lowering = Lowering(schema, strict=strict, ignore=frozenset(ignore_keywords))
+    try:
+        root_schema = lowering.lower(schema, "")
+        emitter = Emitter(lowering, prefix=prefix,
+                          max_whitespace=max_whitespace if whitespace == "flexible" else 0,
+                          any_order_limit=ANY_ORDER_MAX_PROPERTIES if property_order == "any" else 1)
+        if raw_until is not None:
+            if not raw_until:
+                raise GrammarError("raw_until must be a non-empty string")
+            root, rules = emitter.emit_raw_root(root_schema, raw_until)
+        else:
+            root, rules = emitter.emit_root(root_schema)
+    except RecursionError as exc:
+        raise SchemaError("schema is nested too deeply") from exc
+    return root, rules
+
+
+def expand_json_schemas(ir: GrammarIR) -> GrammarIR:
+    """Replace every `JsonSchema` node by the rules of the JSON Schema front-end.
+
+    Only the grammar's own rules are rewritten, each distinct node once (by identity: hashing
+    a frozen node rehashes its whole subtree, so a value-keyed memo costs more than it saves).
+    The front-end's rules are taken as they are: they contain no `JsonSchema` node, and
+    copying them took about a quarter of a large schema's compile time.
+    """
+    extra: dict[str, Node] = {}
+    cache: dict[JsonSchema, Node] = {}
+    memo: dict[int, Node] = {}  # by id: `ir` keeps every node it rewrites alive meanwhile
+
+    def rewrite(node: Node) -> Node:
+        key = id(node)
+        if key not in memo:
+            memo[key] = _rewrite(node)
+        return memo[key]
+
+    def _rewrite(node: Node) -> Node:
+        if isinstance(node, JsonSchema):
+            if node not in cache:
+                prefix = f"json{len(cache)}"
+                root, rules = schema_to_rules(
+                    json.loads(node.schema_json), prefix=prefix, **dict(node.options)
+                )
+                extra.update(rules)
+                cache[node] = root
+            return cache[node]
+        if isinstance(node, Seq):
+            return Seq(tuple(rewrite(i) for i in node.items))
+        if isinstance(node, Choice):
+            return Choice(tuple(rewrite(a) for a in node.alts))
+        if isinstance(node, Repeat):
+            return Repeat(rewrite(node.item), node.min, node.max)
+        if isinstance(node, Capture):
+            return Capture(node.tag, rewrite(node.item))
+        if isinstance(node, Trigger):
+            return Trigger(rewrite(node.item))
+        return node
+
+    rules = {name: rewrite(body) for name, body in ir.rules.items()}
+    clash = set(rules) & set(extra)
+    if clash:
+        raise GrammarError(f"rule names clash with generated JSON Schema rules: {sorted(clash)}")
+    rules.update(extra)
+    return GrammarIR(rules, ir.start, ir.specials)  # the front-end's rules read no special
+
+
+__all__ = ["ANY_ORDER_MAX_PROPERTIES", "DEFAULT_MAX_WHITESPACE", "expand_json_schemas",
+           "schema_to_rules"]
