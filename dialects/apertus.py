@@ -24,6 +24,8 @@ _PROBE_CALL = re.compile(r'<\|tools_prefix\|>\[\{"pegmask_probe": \{')
 
 class ApertusDialect(TurnDialect):
     name = "apertus"
+    priority = 210
+    probe = (_PROBE_CALL,)
     peg_file = "apertus.peg"
     peg_includes = ("json_calls.peg",)
 
@@ -33,6 +35,6 @@ class ApertusDialect(TurnDialect):
 
     @classmethod
     def owns_template(cls, template: str, renderings: Sequence[str]) -> bool:
-        """`<|tools_prefix|>` and a list of `{"NAME": arguments}` objects (the probe tool
-        without its `function` wrapper)."""
-        return any(_PROBE_CALL.search(text) for text in probe_renderings(template, True))
+        """The probe rendered with the tool without its `function` wrapper (how the template
+        reads tools)."""
+        return super().owns_template(template, probe_renderings(template, True))

@@ -9,7 +9,6 @@ which renders tools and past calls (with arguments as JSON text).
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 
 from pegmask.dialects.base import TurnDialect
 
@@ -19,10 +18,7 @@ _PROBE_CALL = re.compile(r'<tool_calls>\[\{"name": "pegmask_probe", "arguments":
 
 class AprielDialect(TurnDialect):
     name = "apriel"
+    priority = 200
+    probe = (_PROBE_CALL,)
     peg_file = "apriel.peg"
     peg_includes = ("json_calls.peg",)
-
-    @classmethod
-    def owns_template(cls, template: str, renderings: Sequence[str]) -> bool:
-        """`<tool_calls>` and a list of `{"name", "arguments"}` objects."""
-        return any(_PROBE_CALL.search(text) for text in renderings)

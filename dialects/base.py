@@ -28,13 +28,15 @@ chat.completion.chunk ``delta`` objects: ``{"content": ...}``, ``{"reasoning_con
 call, then ``{"tool_calls": [{"index", "function": {"arguments": piece}}]}``. The role is the
 engine's to add.
 
-Writing a dialect (a model family): one `.peg` file and one module. Subclass `Dialect` (or
-`TurnDialect` for `reasoning? content? calls?` outputs), set `name` (and `reasoning_default`,
-`native_renderer` / `renderers` / `turn_header` where the family's template cannot render tools
-or history), say which templates are the family's (`owns_template`) and what they imply
-(`template_options`), register it in `pegmask.dialects.registry._REGISTRY` (in detection
-priority order), and implement `grammar_source(request, strict) -> (peg_text, schemas)` with
-start rule `root` (`TurnDialect` composes it from the `.peg`'s rules).
+Writing a dialect (a model family): one `.peg` file and one module in `pegmask.dialects`, and
+nothing else to edit (the registry finds the module's class). Subclass `Dialect` (or
+`TurnDialect` for `reasoning? content? calls?` outputs) and declare, as class attributes, its
+`name`, its detection `priority`, what its templates write (`probe`, or `template_marker`; an
+`owns_template` override where neither says it), and where the family needs them
+`reasoning_default`, `renderer` / `turn_header` (a native renderer, for templates that cannot
+render tools or history) and `value_readers` (a value syntax of its own); say what a template
+implies (`template_options`), and implement `grammar_source(request, strict) -> (peg_text,
+schemas)` with start rule `root` (`TurnDialect` composes it from the `.peg`'s rules).
 `peg_sections`, `fill`, `peg_literal`, `alternatives` and `separated` build the per-request
 text from the `.peg` templates. The base wraps `root` as ``pegmask_turn = @turn:root`` (so the
 rule name `pegmask_turn` and the tag `turn` are reserved) and caches grammars per
@@ -47,9 +49,9 @@ Capture tags a dialect grammar reports (everything else is framing):
 * ``call``: one tool call; inside it ``name`` (raw text) or ``name_json`` (a JSON string
   literal), and either ``arguments`` (the JSON arguments text) or ``param`` captures, each with
   ``key`` and one value: ``string`` (raw text, a JSON string), ``json`` (JSON text), ``value``
-  (raw text typed by the tool schema, or guessed when there is none) or a family syntax of
-  `VALUE_READERS` (``gemma``: Gemma's JSON dialect, ``m3``: MiniMax M3's XML, ``cofl``:
-  Cohere's XML), read by that family's reader.
+  (raw text typed by the tool schema, or guessed when there is none) or a family's own syntax
+  (``gemma``: Gemma's JSON dialect, ``m3``: MiniMax M3's XML, ``cofl``: Cohere's XML), read by
+  the reader that family declares (`Dialect.value_readers`).
 
 Streaming and whole parsing agree for every chunking: input is fed to the grammar parser one
 character (text) or one token (ids) at a time, so what is certain when an error shows up does not
@@ -65,10 +67,10 @@ from __future__ import annotations
 import ast
 import codecs
 import functools
-import importlib
 import json
 import math
 import random
+import re
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -85,6 +87,11 @@ if TYPE_CHECKING:
 
 Message = dict[str, Any]
 Delta = dict[str, Any]
+#: a native prompt renderer: (history, tools, add_generation_prompt, **template variables) -> text
+Renderer = Callable[..., str]
+#: reads a value written in a family's own syntax: (text, the parameter's schema or None) -> the
+#: JSON value; ValueError when the text is no value
+ValueReader = Callable[[str, Any], Any]
 
 TURN_TAG = "turn"  # wraps the whole output so every byte lies inside some capture
 _GRAMMAR_CACHE_SIZE = 64
@@ -186,23 +193,48 @@ def raw_string_values(schema: Any) -> list[str] | None:
 
 
 # --------------------------------------------------------------------------- the dialect base
-class Dialect:
-    """Base class of dialects. Subclasses set `name` and implement `grammar_source`."""
+def _holds(text: str, marker: str | re.Pattern[str]) -> bool:
+    """Whether `text` holds a probe marker (a string as is, a pattern searched)."""
+    return marker in text if isinstance(marker, str) else marker.search(text) is not None
 
+
+class Dialect:
+    """Base class of dialects. A family is a subclass that declares its `name` and `priority`
+    (the registry collects those) and implements `grammar_source`."""
+
+    #: the family's name (`get_dialect(name)`, its native renderer's name); "" for the
+    #: abstract bases, which the registry leaves out
     name: ClassVar[str] = ""
+    #: detection priority: `detect_dialect` asks the families in ascending order, so a format
+    #: whose probe another family's could also match comes first; a family declares its own
+    priority: ClassVar[int]
+    #: what one of the template's probe renderings holds when it writes this family's calls:
+    #: every marker, a string found as is or a pattern searched (see `owns_template`)
+    probe: ClassVar[tuple[str | re.Pattern[str], ...]] = ()
+    #: text of a template's source that makes it the family's, for templates that cannot
+    #: render the probe or that declare their format (None: the probe decides)
+    template_marker: ClassVar[str | None] = None
     #: default reasoning mode when the request does not say: True (output starts in reasoning),
     #: False (no reasoning), None (detected from the output)
     reasoning_default: ClassVar[bool | None] = None
     #: whether the family reasons at all (False: no reasoning, whatever the request says)
     reasons: ClassVar[bool] = True
-    #: the native renderer (a key of `renderers`) used when no chat template is given
-    native_renderer: ClassVar[str | None] = None
-    #: the native prompt renderers this family's module provides, by name (see
-    #: `pegmask.dialects.native.render_native`)
-    renderers: ClassVar[Mapping[str, Callable[..., str]]] = {}
+    #: the family's native prompt renderer, `render_native(name, ...)`, used when no chat
+    #: template is given (None: prompts come from the model's template)
+    renderer: ClassVar[Renderer | None] = None
+    #: native renderers of the family's versions, `render_native(f"{name}-{version}", ...)`
+    version_renderers: ClassVar[Mapping[str, Renderer]] = {}
     #: where an assistant turn starts in a native prompt (replayed text follows it); None: the
     #: turn is the generated text alone
     turn_header: ClassVar[str | None] = None
+    #: the family's own value syntaxes: capture tag -> reader (see the module docstring)
+    value_readers: ClassVar[Mapping[str, ValueReader]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A family declares its own priority: an inherited one would tie with its parent's."""
+        super().__init_subclass__(**kwargs)
+        if vars(cls).get("name") and "priority" not in vars(cls):
+            raise TypeError(f"{cls.__name__} declares name {cls.name!r} but no priority")
 
     def __init__(self, *, chat_template: str | None = None, reasoning: bool | None = None,
                  **options: Any):
@@ -210,16 +242,23 @@ class Dialect:
             raise TypeError(f"{type(self).__name__}: unknown options {sorted(options)}")
         self.chat_template = chat_template
         self.reasoning = self.reasoning_default if reasoning is None else reasoning
+        #: the name of the native renderer `render` uses without a chat template (None: none)
+        self.native_renderer: str | None = self.name if self.renderer is not None else None
         self._grammars: OrderedDict[tuple, Grammar] = OrderedDict()
 
     # ----------------------------------------------------------------- chat templates
     @classmethod
     def owns_template(cls, template: str, renderings: Sequence[str]) -> bool:
-        """Whether a chat template writes this family's calls. `renderings` are the template's
-        renderings of a probe conversation (`pegmask.dialects.registry.probe_renderings`: one
-        call of tool `pegmask_probe` with argument `pegmask_arg`; empty where the template
-        cannot render it). Say True only for a format this dialect parses exactly."""
-        return False
+        """Whether a chat template writes this family's calls: its source holds
+        `template_marker`, or one of `renderings` holds every marker of `probe`. `renderings`
+        are the template's renderings of a probe conversation
+        (`pegmask.dialects.registry.probe_renderings`: one call of tool `pegmask_probe` with
+        argument `pegmask_arg`; empty where the template cannot render it). Say True only for a
+        format this dialect parses exactly."""
+        if cls.template_marker is not None and cls.template_marker in template:
+            return True
+        return bool(cls.probe) and any(all(_holds(text, marker) for marker in cls.probe)
+                                       for text in renderings)
 
     @classmethod
     def template_options(cls, template: str) -> dict[str, Any]:
@@ -548,6 +587,8 @@ class DialectStreamParser:
                  vocab: Vocabulary | None, *, trusted: bool = False, seed: int | None = None):
         self._parser = grammar.stream_parser()
         self._schemas = request.tool_schemas if request is not None else {}
+        self._readers = value_readers()
+        self._value_tags = frozenset(VALUE_TAGS).union(self._readers)
         self._vocab = vocab
         self._trusted = trusted
         self._rng = random.Random(seed) if seed is not None else None
@@ -686,7 +727,7 @@ class DialectStreamParser:
             param = call.param
             if tag == "key":
                 param.key_parts.append(text)
-            elif tag in VALUE_TAGS:
+            elif tag in self._value_tags:
                 if param.streamed:
                     self._arguments(_escape(text) if tag == "string" else text)
                 else:
@@ -709,7 +750,7 @@ class DialectStreamParser:
             call.has_arguments = True
         elif tag == "param":
             call.param = _Param()
-        elif tag in VALUE_TAGS and call.param is not None:
+        elif tag in self._value_tags and call.param is not None:
             param = call.param
             param.streamed = self._streams(tag, param.key)
             if param.streamed and tag == "string":
@@ -735,7 +776,7 @@ class DialectStreamParser:
             param.key = "".join(param.key_parts)
             self._arguments(("{" if not call.has_params else ", ") + _dumps(param.key) + ": ")
             call.has_params = True
-        elif tag in VALUE_TAGS and call.param is not None:
+        elif tag in self._value_tags and call.param is not None:
             param = call.param
             if param.streamed:
                 if tag == "string":
@@ -789,9 +830,9 @@ class DialectStreamParser:
         """
         schema = self._property_schema(key)
         expected = schema_type(schema)
-        if kind in VALUE_READERS:  # a family's own value syntax (its grammar follows the schema)
+        if kind in self._readers:  # a family's own value syntax (its grammar follows the schema)
             try:
-                return _dumps(value_reader(kind)(raw, schema))
+                return _dumps(self._readers[kind](raw, schema))
             except ValueError:
                 return _dumps(raw)
         if kind == "value":
@@ -817,23 +858,19 @@ class DialectStreamParser:
 
 #: what `python_literal` returns for text that is no JSON-kind literal
 INVALID = object()
-#: capture tags of values in a family's own syntax, and the reader of each ("module:function",
-#: called with the text and the parameter's schema or None; ValueError when the text is no value)
-VALUE_READERS = {
-    "gemma": "pegmask.dialects.gemma:read_value",  # Gemma's JSON dialect
-    "m3": "pegmask.dialects.minimax_m3:read_value",  # MiniMax M3's recursive XML
-    "cofl": "pegmask.dialects.cohere_xml:read_value",  # Cohere's typed <cofl:value> XML
-}
-#: capture tags of a parameter's value: raw text (`string`), JSON (`json`), text typed by the
-#: schema (`value`), and the family syntaxes of `VALUE_READERS`
-VALUE_TAGS = ("string", "json", "value", *VALUE_READERS)
+#: capture tags of a parameter's value in any dialect: raw text (`string`), JSON (`json`), text
+#: typed by the schema (`value`); the families' own syntaxes add theirs (`value_readers`)
+VALUE_TAGS = ("string", "json", "value")
 
 
 @functools.cache
-def value_reader(tag: str) -> Callable[[str, Any], Any]:
-    """The reader of a `VALUE_READERS` tag (imported on first use)."""
-    module_name, function_name = VALUE_READERS[tag].split(":")
-    return getattr(importlib.import_module(module_name), function_name)
+def value_readers() -> dict[str, ValueReader]:
+    """The value readers every registered family declares, by capture tag."""
+    from pegmask.dialects.registry import dialect_classes
+
+    return {tag: reader for cls in dialect_classes() for tag, reader in cls.value_readers.items()}
+
+
 _JSON_SCALARS = (str, int, float, bool, type(None))
 
 

@@ -13,7 +13,6 @@ Prompts come from the model's template. (xgrammar's "cohere" key is another form
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from typing import Any
 
 from pegmask.dialects.base import TurnDialect
@@ -25,16 +24,13 @@ _PROBE_CALL = re.compile(
 
 class CohereDialect(TurnDialect):
     name = "cohere"
+    priority = 100
+    probe = (_PROBE_CALL,)
     peg_file = "cohere.peg"
     peg_includes = ("tool_name_calls.peg",)
 
     def substitutions(self, strict: bool) -> dict[str, str]:
         return {"jws": "[ \\t\\r\\n]{0,32}" if strict else "ws"}
-
-    @classmethod
-    def owns_template(cls, template: str, renderings: Sequence[str]) -> bool:
-        """`<|START_ACTION|>` and a list of `tool_name` objects."""
-        return any(_PROBE_CALL.search(text) for text in renderings)
 
     @classmethod
     def template_options(cls, template: str) -> dict[str, Any]:

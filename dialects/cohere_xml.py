@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 from pegmask.dialects.base import (
     TurnDialect,
@@ -227,13 +227,15 @@ def render_cohere_xml(
 
 class CohereXmlDialect(TurnDialect):
     name = "cohere-xml"
+    priority = 120
+    probe = (_PROBE_CALL,)
     peg_file = "cohere_xml.peg"
     reasoning_default = True
     raw_until = CLOSE
     word_stop = "<cofl:tool_calls>"
-    native_renderer: ClassVar[str | None] = "cohere-xml"
-    renderers: ClassVar[Mapping[str, Any]] = {"cohere-xml": render_cohere_xml}
-    turn_header: ClassVar[str | None] = CHATBOT
+    renderer = render_cohere_xml
+    turn_header = CHATBOT
+    value_readers = {"cofl": read_value}
 
     def param_rules(self, sections: dict[str, str], index: int, schema: dict[str, Any],
                     grammar_of: Callable[[Any], Any]) -> tuple[str, str, dict[str, Any]]:
@@ -255,8 +257,3 @@ class CohereXmlDialect(TurnDialect):
             (needed if key in required else optional).append(f"p_{index}_{j}")
         text += "".join(rule + "\n" for rule in values.rules)
         return text, separated(needed, optional, "param_sep"), values.schemas
-
-    @classmethod
-    def owns_template(cls, template: str, renderings: Sequence[str]) -> bool:
-        """`<cofl:tool_call id=... name=...>` calls."""
-        return any(_PROBE_CALL.search(text) for text in renderings)

@@ -13,7 +13,6 @@ call's arguments with `tojson`, so it gets them as objects (Chat Completions sen
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from typing import Any
 
 from pegmask.dialects.cohere import CohereDialect
@@ -54,6 +53,8 @@ def template_tool(tool: dict[str, Any]) -> dict[str, Any]:
 
 class CommandRDialect(CohereDialect):
     name = "command-r"
+    priority = 110
+    probe = (_PROBE_CALL,)
     peg_file = "command_r.peg"
     reasons = False
 
@@ -61,11 +62,6 @@ class CommandRDialect(CohereDialect):
                         ) -> tuple[Any, list[dict[str, Any]] | None]:
         return (normalize_history(messages).to_template_messages(),
                 tools and [template_tool(tool) for tool in tools])
-
-    @classmethod
-    def owns_template(cls, template: str, renderings: Sequence[str]) -> bool:
-        """`Action:` and a fenced JSON list of `tool_name` objects."""
-        return any(_PROBE_CALL.search(text) for text in renderings)
 
     @classmethod
     def template_options(cls, template: str) -> dict[str, Any]:

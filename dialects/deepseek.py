@@ -98,15 +98,14 @@ def render_deepseek_r1(
 
 class DeepSeekR1Dialect(TurnDialect):
     name = "deepseek-r1"
+    priority = 170
+    probe = (re.compile(r"<｜tool▁call▁begin｜>function<｜tool▁sep｜>pegmask_probe\n```json\n"),)
     peg_file = "deepseek.peg"
     reasoning_default = True
-    native_renderer: ClassVar[str | None] = "deepseek-r1"
-    renderers: ClassVar[Mapping[str, Any]] = {"deepseek-r1": render_deepseek_r1}
-    turn_header: ClassVar[str | None] = ASSISTANT
+    renderer = render_deepseek_r1
+    turn_header = ASSISTANT
     section: ClassVar[str] = "per tool, r1"
     call_sep: ClassVar[str] = '"\\n"'
-    probe_call: ClassVar[re.Pattern[str]] = re.compile(
-        r"<｜tool▁call▁begin｜>function<｜tool▁sep｜>pegmask_probe\n```json\n")
 
     def tool_section(self) -> str:
         return self.section
@@ -114,17 +113,12 @@ class DeepSeekR1Dialect(TurnDialect):
     def substitutions(self, strict: bool) -> dict[str, str]:
         return {"call_sep": self.call_sep}
 
-    @classmethod
-    def owns_template(cls, template: str, renderings: Sequence[str]) -> bool:
-        """The version's call body after `<｜tool▁call▁begin｜>`."""
-        return any(cls.probe_call.search(text) for text in renderings)
-
 
 class DeepSeekV31Dialect(DeepSeekR1Dialect):
     name = "deepseek-v3.1"
+    priority = 160
+    probe = (re.compile(r"<｜tool▁call▁begin｜>pegmask_probe<｜tool▁sep｜>\{"),)
     reasoning_default = None
-    native_renderer = None
-    renderers = {}
+    renderer = None
     section = "per tool, v3.1"
     call_sep = '""'
-    probe_call = re.compile(r"<｜tool▁call▁begin｜>pegmask_probe<｜tool▁sep｜>\{")

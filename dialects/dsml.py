@@ -312,9 +312,12 @@ _BLOCKS = {"v4": "tool_calls", "v3.2": "function_calls", "v4.1": "calls"}
 
 class DsmlDialect(TurnDialect):
     name = "dsml"
+    priority = 30
+    template_marker = "｜DSML｜"  # DeepSeek's markup
     peg_file = "dsml.peg"
     reasoning_default = True
-    renderers = {"dsml": render_dsml_v32, "dsml-v3.2": render_dsml_v32, "dsml-v4": render_dsml_v4}
+    renderer = render_dsml_v32
+    version_renderers = {"v3.2": render_dsml_v32, "v4": render_dsml_v4}
 
     def __init__(self, *, version: str = "v4", **options: Any):
         if version not in _BLOCKS:
@@ -322,19 +325,14 @@ class DsmlDialect(TurnDialect):
         super().__init__(**options)
         self.version = version
         # no reference encoder of V4.1 here: its prompts come from its template
-        self.native_renderer = f"dsml-{version}" if version != "v4.1" else None
+        self.native_renderer = f"{self.name}-{version}" if version in self.version_renderers \
+            else None
 
     def substitutions(self, strict: bool) -> dict[str, str]:
         names = [_BLOCKS[self.version]] if strict else list(_BLOCKS.values())
         space = '" "' if self.version == "v4.1" else '""'
         return {"block": alternatives([peg_literal(name) for name in names]),
                 "space": space if strict else '" "?'}
-
-
-    @classmethod
-    def owns_template(cls, template: str, renderings: Sequence[str]) -> bool:
-        """DeepSeek's `｜DSML｜` markup."""
-        return "｜DSML｜" in template
 
     @classmethod
     def template_options(cls, template: str) -> dict[str, Any]:

@@ -18,8 +18,8 @@ compact `<tool_call>{"name": ...}`.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, ClassVar
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from pegmask.dialects.base import TurnDialect
 from pegmask.dialects.history import History, Message
@@ -113,11 +113,12 @@ def render_exaone(
 
 class ExaoneDialect(TurnDialect):
     name = "exaone"
+    priority = 270
+    probe = ("[|assistant|]", _PROBE_CALL)
     peg_file = "exaone.peg"
     reasoning_default = False
-    native_renderer: ClassVar[str | None] = "exaone"
-    renderers: ClassVar[Mapping[str, Any]] = {"exaone": render_exaone}
-    turn_header: ClassVar[str | None] = ASSISTANT
+    renderer = render_exaone
+    turn_header = ASSISTANT
 
     def reasoning_mode(self, request: ChatRequest | None) -> bool | None:
         """On for a literal ``enable_thinking: true`` too (what opens the template's `<think>`)."""
@@ -125,8 +126,3 @@ class ExaoneDialect(TurnDialect):
                 and request.chat_template_kwargs.get("enable_thinking") is True:
             return True
         return super().reasoning_mode(request)
-
-    @classmethod
-    def owns_template(cls, template: str, renderings: Sequence[str]) -> bool:
-        """`[|assistant|]` turns with compact `<tool_call>{"name": ...}` calls."""
-        return any("[|assistant|]" in text and _PROBE_CALL.search(text) for text in renderings)

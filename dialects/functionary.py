@@ -10,7 +10,6 @@ Prompts come from the model's template, which renders tools and past calls. Func
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from typing import Any
 
 from pegmask.dialects.base import TurnDialect
@@ -22,6 +21,8 @@ _PROBE_CALL = re.compile(r'<\|end_header_id\|>\n\n>>>pegmask_probe\n\{"pegmask_a
 
 class FunctionaryDialect(TurnDialect):
     name = "functionary-v3.2"
+    priority = 220
+    probe = (_PROBE_CALL,)
     peg_file = "functionary.peg"
     reasons = False
 
@@ -45,8 +46,3 @@ class FunctionaryDialect(TurnDialect):
             body = "to_all (@content:text)? (sep region)? | region | @content:text"
         optional = "" if strict and request.min_calls else "?"
         return f"root = ({body}){optional} ws eos?\n", schema
-
-    @classmethod
-    def owns_template(cls, template: str, renderings: Sequence[str]) -> bool:
-        """A call written `>>>NAME` and its JSON arguments on the next line."""
-        return any(_PROBE_CALL.search(text) for text in renderings)

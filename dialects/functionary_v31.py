@@ -9,7 +9,6 @@ Not spoken: the built-in `python` tool, which the model calls as `<|python_tag|>
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 
 from pegmask.dialects.base import TurnDialect
 
@@ -19,10 +18,7 @@ _PROBE_CALL = re.compile(r'<function=pegmask_probe>\{"pegmask_arg"')
 
 class FunctionaryV31Dialect(TurnDialect):
     name = "functionary-v3.1"
+    priority = 230
+    probe = (_PROBE_CALL,)
     peg_file = "functionary_v31.peg"
     reasons = False
-
-    @classmethod
-    def owns_template(cls, template: str, renderings: Sequence[str]) -> bool:
-        """A call written `<function=NAME>` and its JSON arguments."""
-        return any(_PROBE_CALL.search(text) for text in renderings)

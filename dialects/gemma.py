@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from pegmask.dialects.base import (
@@ -100,43 +100,6 @@ def literal(value: Any) -> str:
     return peg_literal(json.dumps(value))
 
 
-class GemmaDialect(TurnDialect):
-    name = "gemma"
-    peg_file = "gemma.peg"
-    raw_until = QUOTE
-
-    def substitutions(self, strict: bool) -> dict[str, str]:
-        return {"gws": '""' if strict else "[ \\t\\r\\n]*"}
-
-    def param_rules(self, sections: dict[str, str], index: int, schema: dict[str, Any],
-                    grammar_of: Callable[[Any], Any]) -> tuple[str, str, dict[str, Any]]:
-        """One `key:value` rule per declared property, in sorted order: strings captured raw
-        between the delimiters, other values as Gemma text converted after parsing."""
-        properties = schema.get("properties")
-        if not isinstance(properties, dict) or not properties:
-            return "", "any_params", {}
-        values = GemmaValues(f"g_{index}", schema)
-        required = set(schema.get("required") or ())
-        text, members = "", []
-        for j, key in enumerate(sorted(properties)):
-            sub = properties[key]
-            head = f'@param:(@key:{peg_literal(key)} ":" '
-            if schema_type(sub) == "string" and not any(k in sub for k in ("anyOf", "oneOf")):
-                body = f"{_Q} @string:{values.string(sub)} {_Q})"
-            else:
-                body = f"@gemma:({values.value(sub)}))"
-            text += f"p_{index}_{j} = {head}{body}\n"
-            members.append((f"p_{index}_{j}", key in required))
-        text += "".join(rule + "\n" for rule in values.rules)
-        return text, in_order(members, "gsep"), values.schemas
-
-    @classmethod
-    def owns_template(cls, template: str, renderings: Sequence[str]) -> bool:
-        """`<|tool_call>call:NAME{key:...}`."""
-        return any(_PROBE_CALL.search(text) for text in renderings)
-
-
-
 # ------------------------------------------------------------------------------ reading values
 def read_value(text: str, schema: Any = None) -> Any:
     """The JSON value of a Gemma-style value (ValueError if it is none). `schema` is not
@@ -200,3 +163,37 @@ def _read_items(text: str, i: int, close: str,
         if not text.startswith(",", i):
             raise ValueError(f"',' or {close!r} expected at {text[i:]!r}")
         i = _skip(text, i + 1)
+
+
+class GemmaDialect(TurnDialect):
+    name = "gemma"
+    priority = 60
+    probe = (_PROBE_CALL,)
+    value_readers = {"gemma": read_value}
+    peg_file = "gemma.peg"
+    raw_until = QUOTE
+
+    def substitutions(self, strict: bool) -> dict[str, str]:
+        return {"gws": '""' if strict else "[ \\t\\r\\n]*"}
+
+    def param_rules(self, sections: dict[str, str], index: int, schema: dict[str, Any],
+                    grammar_of: Callable[[Any], Any]) -> tuple[str, str, dict[str, Any]]:
+        """One `key:value` rule per declared property, in sorted order: strings captured raw
+        between the delimiters, other values as Gemma text converted after parsing."""
+        properties = schema.get("properties")
+        if not isinstance(properties, dict) or not properties:
+            return "", "any_params", {}
+        values = GemmaValues(f"g_{index}", schema)
+        required = set(schema.get("required") or ())
+        text, members = "", []
+        for j, key in enumerate(sorted(properties)):
+            sub = properties[key]
+            head = f'@param:(@key:{peg_literal(key)} ":" '
+            if schema_type(sub) == "string" and not any(k in sub for k in ("anyOf", "oneOf")):
+                body = f"{_Q} @string:{values.string(sub)} {_Q})"
+            else:
+                body = f"@gemma:({values.value(sub)}))"
+            text += f"p_{index}_{j} = {head}{body}\n"
+            members.append((f"p_{index}_{j}", key in required))
+        text += "".join(rule + "\n" for rule in values.rules)
+        return text, in_order(members, "gsep"), values.schemas

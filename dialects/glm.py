@@ -14,7 +14,6 @@ Prompts come from the model's template.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from typing import Any
 
 from pegmask.dialects.base import TurnDialect
@@ -25,13 +24,10 @@ _PROBE_CALL = re.compile(r"<tool_call>pegmask_probe\s*<arg_key>pegmask_arg</arg_
 
 class GlmDialect(TurnDialect):
     name = "glm"
+    priority = 70
+    probe = (_PROBE_CALL,)
     peg_file = "glm.peg"
     raw_until = "</arg_value>"
-
-    @classmethod
-    def owns_template(cls, template: str, renderings: Sequence[str]) -> bool:
-        """`<tool_call>NAME` followed by `<arg_key>`."""
-        return any(_PROBE_CALL.search(text) for text in renderings)
 
     @classmethod
     def template_options(cls, template: str) -> dict[str, Any]:

@@ -23,6 +23,8 @@ _INSTRUCTION = "respond only with <|tool_call|> followed by a JSON list of tools
 
 class GraniteDialect(TurnDialect):
     name = "granite"
+    priority = 250
+    probe = (_INSTRUCTION, "<|start_of_role|>available_tools<|end_of_role|>")
     peg_file = "granite.peg"
     peg_includes = ("json_calls.peg",)
     reasons = False
@@ -33,7 +35,6 @@ class GraniteDialect(TurnDialect):
 
     @classmethod
     def owns_template(cls, template: str, renderings: Sequence[str]) -> bool:
-        """A tools prompt (without a system message of the user's) that asks for
+        """The probe is the tools prompt (without a system message of the user's): it asks for
         `<|tool_call|>` and a JSON list, with the tools in an `available_tools` turn."""
-        text = tools_prompt(template)
-        return _INSTRUCTION in text and "<|start_of_role|>available_tools<|end_of_role|>" in text
+        return super().owns_template(template, [tools_prompt(template)])

@@ -369,8 +369,9 @@ _TURNS = {
 
 class HarmonyDialect(Dialect):
     name = "harmony"
-    native_renderer = "harmony"
-    renderers = {"harmony": render_harmony}
+    priority = 20
+    template_marker = "<|channel|>"  # Harmony's channel headers
+    renderer = render_harmony
     turn_header = "<|start|>assistant"
     reasoning_default = True
     #: a `.peg` file that replaces harmony.peg's spacing section (None: keep gpt-oss spacing);
@@ -407,8 +408,3 @@ class HarmonyDialect(Dialect):
             values["prelude"] = "thoughts" if thoughts else '""'
             values["thought"] = " | ".join(thoughts) if thoughts else "analysis"  # then unused
         return fill(sections[""], **values) + calls + spacing, schemas
-
-    @classmethod
-    def owns_template(cls, template: str, renderings: Sequence[str]) -> bool:
-        """Harmony's `<|channel|>` headers."""
-        return "<|channel|>" in template

@@ -185,9 +185,10 @@ _PROBE_CALL = re.compile(r'<tool_call>\s*\{\s*"(name": "pegmask_probe"|arguments
 
 class HermesDialect(TurnDialect):
     name = "hermes"
+    priority = 290
+    probe = (_PROBE_CALL,)
     peg_file = "hermes.peg"
-    native_renderer = "hermes"
-    renderers = {"hermes": render_hermes}
+    renderer = render_hermes
     turn_header = ASSISTANT_HEADER
     implicit_reasoning_end = False  # a <tool_call> written while thinking stays reasoning
 
@@ -202,9 +203,8 @@ class HermesDialect(TurnDialect):
     def owns_template(cls, template: str, renderings: Sequence[str]) -> bool:
         """`<tool_call>` blocks holding a JSON object (Qwen2.5 / Qwen3, Hermes 2 Pro, Granite 4,
         MiMo), or a ChatML template that knows no tools at all (SmolLM2)."""
-        if any(_PROBE_CALL.search(text) for text in renderings):
-            return True
-        return "<|im_start|>" in template and "tool" not in template
+        return super().owns_template(template, renderings) or (
+            "<|im_start|>" in template and "tool" not in template)
 
     @classmethod
     def template_options(cls, template: str) -> dict[str, Any]:

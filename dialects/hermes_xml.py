@@ -165,17 +165,12 @@ _PROBE_CALL = re.compile(r"<tool_call>\s*<function=pegmask_probe>\s*<parameter=p
 
 class HermesXmlDialect(TurnDialect):
     name = "hermes-xml"
+    priority = 280
+    probe = (_PROBE_CALL,)
     peg_file = "hermes_xml.peg"
-    native_renderer = "hermes-xml"
-    renderers = {"hermes-xml": render_hermes_xml}
+    renderer = render_hermes_xml
     turn_header = ASSISTANT_HEADER
-
     raw_until = "\n</parameter>"
-
-    @classmethod
-    def owns_template(cls, template: str, renderings: Sequence[str]) -> bool:
-        """`<tool_call>` (not Seed-OSS's `<seed:tool_call>`) holding `<function=NAME>`."""
-        return any(_PROBE_CALL.search(text) for text in renderings)
 
     @classmethod
     def template_options(cls, template: str) -> dict[str, Any]:

@@ -13,7 +13,6 @@ Prompts come from the model's template.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 
 from pegmask.dialects.base import TurnDialect
 from pegmask.dialects.request import ChatRequest
@@ -23,6 +22,8 @@ _PROBE_CALL = re.compile(r"<tool_call:opensource>pegmask_probe<tool_sep:opensour
 
 class HunyuanDialect(TurnDialect):
     name = "hunyuan"
+    priority = 150
+    probe = (_PROBE_CALL,)
     peg_file = "hunyuan.peg"
     raw_until = "</arg_value:opensource>"
 
@@ -36,8 +37,3 @@ class HunyuanDialect(TurnDialect):
         if kwargs.get("enable_thinking") is False:
             return False
         return bool(self.reasoning)
-
-    @classmethod
-    def owns_template(cls, template: str, renderings: Sequence[str]) -> bool:
-        """`<tool_call:opensource>NAME<tool_sep:opensource>`."""
-        return any(_PROBE_CALL.search(text) for text in renderings)

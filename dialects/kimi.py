@@ -11,7 +11,6 @@ Prompts come from the model's template (K2 Thinking's renders tools, calls and r
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from pegmask.dialects.base import TurnDialect
@@ -19,13 +18,11 @@ from pegmask.dialects.base import TurnDialect
 
 class KimiDialect(TurnDialect):
     name = "kimi"
+    priority = 40
+    # Kimi's call section token: its own templates use a list's `append`, which transformers'
+    # sandbox refuses, so the source decides
+    template_marker = "<|tool_calls_section_begin|>"
     peg_file = "kimi.peg"
-
-    @classmethod
-    def owns_template(cls, template: str, renderings: Sequence[str]) -> bool:
-        """Kimi's call section token (its own templates use a list's `append`, which
-        transformers' sandbox refuses, so the source decides)."""
-        return "<|tool_calls_section_begin|>" in template
 
     @classmethod
     def template_options(cls, template: str) -> dict[str, Any]:

@@ -15,7 +15,6 @@ Prompts come from the model's template.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from typing import Any
 
 from pegmask.dialects.base import TurnDialect
@@ -27,6 +26,8 @@ _PROBE_CALL = re.compile(r'<\|open\|>call tool="pegmask_probe" index="1"<\|sep\|
 
 class KimiK3Dialect(TurnDialect):
     name = "kimi-k3"
+    priority = 50
+    probe = (_PROBE_CALL,)
     peg_file = "kimi_k3.peg"
     reasoning_default = True
 
@@ -51,11 +52,6 @@ class KimiK3Dialect(TurnDialect):
             body = f"ws {answer} resp_close ({calls})?"
         opening = think if reasoning else ""
         return f"root = {opening} {body} msg_end eos?\n", schema
-
-    @classmethod
-    def owns_template(cls, template: str, renderings: Sequence[str]) -> bool:
-        """`<|open|>call tool="NAME" index="N"<|sep|>` blocks."""
-        return any(_PROBE_CALL.search(text) for text in renderings)
 
     @classmethod
     def template_options(cls, template: str) -> dict[str, Any]:

@@ -13,7 +13,6 @@ one call per assistant message).
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 
 from pegmask.dialects.base import TurnDialect
 
@@ -24,12 +23,9 @@ _PROBE_CALL = re.compile(
 
 class Llama3Dialect(TurnDialect):
     name = "llama3"
+    priority = 190
+    probe = (_PROBE_CALL,)
     peg_file = "llama3.peg"
     reasons = False
     calls_alone = True
     answer_rule = "answer"
-
-    @classmethod
-    def owns_template(cls, template: str, renderings: Sequence[str]) -> bool:
-        """An assistant turn that is `{"name": ..., "parameters": ...}` alone."""
-        return any(_PROBE_CALL.search(text) for text in renderings)

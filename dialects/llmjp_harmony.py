@@ -24,10 +24,6 @@ from pegmask.dialects.history import History, normalize_history, normalize_tools
 from pegmask.dialects.rendering import check_continuable, check_modes, dumps
 from pegmask.dialects.replay import ReplayMemory
 
-# `chat_format=` values a template can declare on its first line -> dialect name
-CHAT_FORMATS = {"llm-jp-harmony-v1": "llmjp-harmony"}
-_DECLARATION = re.compile(r"\{#-?\s*chat_format\s*=\s*([\w.\-]+)\s*-?#\}")
-
 _NESTED = "\n                "  # the LLM-jp template's own whitespace before a nested type
 
 
@@ -219,14 +215,19 @@ def llmjp_prompt_form(decoded: str) -> str:
 
 class LlmJpHarmonyDialect(HarmonyDialect):
     name = "llmjp-harmony"
-    native_renderer = "llmjp-harmony"
-    renderers = {"llmjp-harmony": render_llmjp_harmony}
+    priority = 10
+    renderer = render_llmjp_harmony
     spacing_file = "llmjp_harmony.peg"
 
     @classmethod
     def owns_template(cls, template: str, renderings: Sequence[str]) -> bool:
         """The template declares ``chat_format=llm-jp-harmony-v1`` on its first line."""
         return detect_dialect_from_template(template) == cls.name
+
+
+# `chat_format=` values a template can declare on its first line -> dialect name
+CHAT_FORMATS = {"llm-jp-harmony-v1": LlmJpHarmonyDialect.name}
+_DECLARATION = re.compile(r"\{#-?\s*chat_format\s*=\s*([\w.\-]+)\s*-?#\}")
 
 
 def detect_dialect_from_template(template_text: str) -> str | None:

@@ -12,7 +12,6 @@ Prompts come from the model's template.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 
 from pegmask.dialects.base import TurnDialect
 
@@ -23,10 +22,7 @@ _PROBE_CALL = re.compile(
 
 class MimoDialect(TurnDialect):
     name = "mimo"
+    priority = 260
+    probe = (_PROBE_CALL,)
     peg_file = "mimo.peg"
     raw_until = "</parameter>"
-
-    @classmethod
-    def owns_template(cls, template: str, renderings: Sequence[str]) -> bool:
-        """`<tool_call><function=NAME><parameter=KEY>` with nothing between the tags."""
-        return any(_PROBE_CALL.search(text) for text in renderings)

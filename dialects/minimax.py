@@ -11,7 +11,6 @@ Prompts come from the model's template.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from typing import Any
 
 from pegmask.dialects.base import TurnDialect
@@ -22,13 +21,10 @@ _PROBE_CALL = re.compile(r'<minimax:tool_call>\s*<invoke name="pegmask_probe">')
 
 class MiniMaxDialect(TurnDialect):
     name = "minimax"
+    priority = 80
+    probe = (_PROBE_CALL,)
     peg_file = "minimax.peg"
     raw_until = "</parameter>"
-
-    @classmethod
-    def owns_template(cls, template: str, renderings: Sequence[str]) -> bool:
-        """`<minimax:tool_call>` holding `<invoke name=...>`."""
-        return any(_PROBE_CALL.search(text) for text in renderings)
 
     @classmethod
     def template_options(cls, template: str) -> dict[str, Any]:

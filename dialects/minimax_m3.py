@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 from pegmask.dialects.base import (
     INVALID,
@@ -262,12 +262,14 @@ def render_minimax_m3(
 
 class MiniMaxM3Dialect(TurnDialect):
     name = "minimax-m3"
+    priority = 90
+    probe = (f'{NS}<invoke name="pegmask_probe">',)
     peg_file = "minimax_m3.peg"
     raw_until = NS
     word_stop = NS
-    native_renderer: ClassVar[str | None] = "minimax-m3"
-    renderers: ClassVar[Mapping[str, Any]] = {"minimax-m3": render_minimax_m3}
-    turn_header: ClassVar[str | None] = ASSISTANT
+    renderer = render_minimax_m3
+    turn_header = ASSISTANT
+    value_readers = {"m3": read_value}
 
     def reasoning_mode(self, request: Any) -> bool | None:
         """On for a literal ``enable_thinking: true`` too (the native prompt opens `<mm:think>`)."""
@@ -295,8 +297,3 @@ class MiniMaxM3Dialect(TurnDialect):
             (needed if key in required else optional).append(f"p_{index}_{j}")
         text += "".join(rule + "\n" for rule in values.rules)
         return text, separated(needed, optional, "param_sep"), values.schemas
-
-    @classmethod
-    def owns_template(cls, template: str, renderings: Sequence[str]) -> bool:
-        """`]<]minimax[>[<invoke name=...>` calls."""
-        return any(f'{NS}<invoke name="pegmask_probe">' in text for text in renderings)

@@ -14,7 +14,6 @@ Prompts come from the model's template (Mistral's templates render tools and res
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from typing import Any
 
 from pegmask.dialects.base import TurnDialect
@@ -31,6 +30,8 @@ _PROBE_CALL = re.compile(
 
 class MistralDialect(TurnDialect):
     name = "mistral"
+    priority = 180
+    probe = (_PROBE_CALL,)
     peg_file = "mistral.peg"
 
     def __init__(self, *, version: str = "v11", **options: Any):
@@ -46,12 +47,6 @@ class MistralDialect(TurnDialect):
         one, many = _CALLS[self.version]
         return {"calls_one": one, "calls_many": many,
                 "tools_v3": "tool" if strict else "any_tool_v3"}
-
-
-    @classmethod
-    def owns_template(cls, template: str, renderings: Sequence[str]) -> bool:
-        """`[TOOL_CALLS]` followed by a call in either version's form."""
-        return any(_PROBE_CALL.search(text) for text in renderings)
 
     @classmethod
     def template_options(cls, template: str) -> dict[str, Any]:

@@ -2,13 +2,11 @@
 
 Model templates lose tool history in ways the dialects do not (gpt-oss's template keeps only the
 first call of a turn and JSON-encodes string arguments a second time; templates differ on where
-results go). Each family's module holds its renderer (`Dialect.renderers`), written the way the
-family was trained to read it; this module dispatches to them by name:
-
-* ``hermes`` and ``hermes-xml`` (pegmask.dialects.hermes, hermes_xml);
-* ``harmony`` and ``llmjp-harmony`` (pegmask.dialects.harmony, llmjp_harmony);
-* ``dsml`` / ``dsml-v3.2`` and ``dsml-v4`` (pegmask.dialects.dsml);
-* and the renderers of the other registered families.
+results go). Each family's module holds its renderer (`Dialect.renderer`, and
+`Dialect.version_renderers` for a family's versions), written the way the family was trained
+to read it; this module dispatches to them by name: the family's (``hermes``, ``harmony``,
+``deepseek-r1``, ...) or the family's and a version (``dsml-v4``). Import a renderer itself from
+its family's module.
 
 Assistant turns still in the live tool loop are replayed byte for byte from a
 :class:`~pegmask.dialects.replay.ReplayMemory` when all their calls are found there.
@@ -18,44 +16,33 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from pegmask.dialects.dsml import render_dsml_v4, render_dsml_v32
-from pegmask.dialects.harmony import render_harmony
-from pegmask.dialects.hermes import render_hermes
-from pegmask.dialects.hermes_xml import render_hermes_xml
+from pegmask.dialects.base import Renderer
 from pegmask.dialects.history import History
-from pegmask.dialects.llmjp_harmony import llmjp_prompt_form, render_llmjp_harmony
-from pegmask.dialects.registry import dialect_class, dialect_names
-
-__all__ = [
-    "NATIVE_DIALECTS",
-    "llmjp_prompt_form",
-    "render_dsml_v32",
-    "render_dsml_v4",
-    "render_harmony",
-    "render_hermes",
-    "render_hermes_xml",
-    "render_llmjp_harmony",
-    "render_native",
-    "replay_text",
-]
+from pegmask.dialects.registry import dialect_classes
 
 
-def _collect() -> tuple[dict[str, Callable[..., str]], dict[str, str | None]]:
-    """Every registered family's renderers, and where a turn starts in each one's prompt."""
-    renderers: dict[str, Callable[..., str]] = {}
-    headers: dict[str, str | None] = {}
-    for name in dialect_names():
-        cls = dialect_class(name)
-        for key, renderer in cls.renderers.items():
-            renderers[key] = renderer
-            headers[key] = cls.turn_header
-    return renderers, headers
+@functools.cache
+def native_renderers() -> dict[str, tuple[Renderer, str | None]]:
+    """Every registered family's native renderers by name, each with where a turn starts in its
+    prompts (`Dialect.turn_header`)."""
+    out: dict[str, tuple[Renderer, str | None]] = {}
+    for cls in dialect_classes():
+        if cls.renderer is not None:
+            out[cls.name] = (cls.renderer, cls.turn_header)
+        for version, renderer in cls.version_renderers.items():
+            out[f"{cls.name}-{version}"] = (renderer, cls.turn_header)
+    return out
 
 
-NATIVE_DIALECTS, _TURN_HEADERS = _collect()
+def _native(dialect: str) -> tuple[Renderer, str | None]:
+    try:
+        return native_renderers()[dialect]
+    except KeyError:
+        raise ValueError(
+            f"unknown dialect {dialect!r}; known: {sorted(native_renderers())}") from None
 
 
 def render_native(
@@ -70,17 +57,14 @@ def render_native(
     ``options`` are the request's template variables: those the renderer does not read (say
     ``reasoning_effort`` for Hermes) are ignored, as a chat template ignores them.
     """
-    try:
-        renderer = NATIVE_DIALECTS[dialect]
-    except KeyError:
-        raise ValueError(f"unknown dialect {dialect!r}; known: {sorted(NATIVE_DIALECTS)}") from None
+    renderer, _ = _native(dialect)
     read = _keywords(renderer)
     return renderer(history, tools, add_generation_prompt,
                     **{name: value for name, value in options.items() if name in read})
 
 
 @functools.cache
-def _keywords(renderer: Callable[..., str]) -> frozenset[str]:
+def _keywords(renderer: Renderer) -> frozenset[str]:
     """The keyword options a renderer takes."""
     return frozenset(name for name, parameter in inspect.signature(renderer).parameters.items()
                      if parameter.kind is inspect.Parameter.KEYWORD_ONLY)
@@ -93,9 +77,7 @@ def replay_text(dialect: str, prompt: str, generated: str) -> str:
     or an empty think block); DSML turns start after the prompt's ``<think>``/``</think>``, so only
     the generated text counts there. ``generated`` excludes the stop token.
     """
-    if dialect not in NATIVE_DIALECTS:
-        raise ValueError(f"unknown dialect {dialect!r}; known: {sorted(NATIVE_DIALECTS)}")
-    header = _TURN_HEADERS.get(dialect)
+    _, header = _native(dialect)
     if header is None:
         return generated
     at = prompt.rfind(header)

@@ -11,7 +11,6 @@ Prompts come from the model's template.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from typing import Any
 
 from pegmask.dialects.base import TurnDialect
@@ -21,12 +20,9 @@ _PROBE_CALL = re.compile(r'<TOOLCALL>\[\s*\{"name": "pegmask_probe", "arguments"
 
 class NemotronDialect(TurnDialect):
     name = "nemotron"
+    priority = 130
+    probe = (_PROBE_CALL,)
     peg_file = "nemotron.peg"
-
-    @classmethod
-    def owns_template(cls, template: str, renderings: Sequence[str]) -> bool:
-        """`<TOOLCALL>` and a list of `{"name", "arguments"}` objects."""
-        return any(_PROBE_CALL.search(text) for text in renderings)
 
     @classmethod
     def template_options(cls, template: str) -> dict[str, Any]:

@@ -9,7 +9,6 @@ into the turn's content as the model wrote them (`template_inputs`) before the t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from pegmask.dialects.base import TurnDialect
@@ -21,6 +20,8 @@ _INSTRUCTION = 'functools[{"name": [function name], "arguments": [function argum
 
 class Phi4MiniDialect(TurnDialect):
     name = "phi4-mini"
+    priority = 240
+    probe = (_INSTRUCTION,)
     peg_file = "phi4_mini.peg"
     peg_includes = ("json_calls.peg",)
     reasons = False
@@ -28,8 +29,3 @@ class Phi4MiniDialect(TurnDialect):
     def template_inputs(self, messages: Any, tools: list[dict[str, Any]] | None
                         ) -> tuple[list[dict], list[dict[str, Any]] | None]:
         return calls_in_content(messages, lambda calls: "functools" + json_call_list(calls)), tools
-
-    @classmethod
-    def owns_template(cls, template: str, renderings: Sequence[str]) -> bool:
-        """A tools prompt that asks for `functools[{"name": ..., "arguments": ...}, ...]`."""
-        return any(_INSTRUCTION in text for text in renderings)

@@ -1,77 +1,80 @@
-"""The dialect registry: names to dialect classes, and which dialect a chat template writes.
+"""The dialect registry: the family classes of `pegmask.dialects`, found by themselves, and
+which dialect a chat template writes.
 
     get_dialect("hermes", reasoning=False) -> Dialect
     detect_dialect(chat_template) -> "hermes" | "mistral" | ... | "unknown"
     get_dialect(detect_dialect(t), chat_template=t)   # options the template implies applied
 
-Detection renders a probe conversation with the template (one assistant call of a tool named
-`pegmask_probe`, as transformers would render it) and asks each dialect class, in the order of
-`_REGISTRY`, whether the rendering is its format (`Dialect.owns_template`); more specific
-formats come first. A template no dialect claims is "unknown": a wrong guess would constrain
-the model to a format it was never trained on, and parse its calls as content.
+A family is a `Dialect` subclass that declares its `name` and `priority`, defined in a module of
+this package: adding one edits no shared file. Detection renders a probe conversation with the
+template (one assistant call of a tool named `pegmask_probe`, as transformers would render it)
+and asks each family, in ascending `priority`, whether the rendering is its format
+(`Dialect.owns_template`); more specific formats come first. A template no family claims is
+"unknown": a wrong guess would constrain the model to a format it was never trained on, and
+parse its calls as content.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
 import json
-from typing import TYPE_CHECKING, Any
+import logging
+import pkgutil
+from importlib import import_module
+from typing import Any
 
-if TYPE_CHECKING:
-    from pegmask.dialects.base import Dialect
+from pegmask.dialects.base import Dialect
+
+logger = logging.getLogger(__name__)
 
 UNKNOWN = "unknown"
 
-# name -> "module:Class", in detection priority order (imported on first use, so one broken
-# dialect module never breaks the others' use by name).
-_REGISTRY: dict[str, str] = {
-    "llmjp-harmony": "pegmask.dialects.llmjp_harmony:LlmJpHarmonyDialect",
-    "harmony": "pegmask.dialects.harmony:HarmonyDialect",
-    "dsml": "pegmask.dialects.dsml:DsmlDialect",
-    "kimi": "pegmask.dialects.kimi:KimiDialect",
-    "kimi-k3": "pegmask.dialects.kimi_k3:KimiK3Dialect",
-    "gemma": "pegmask.dialects.gemma:GemmaDialect",
-    "glm": "pegmask.dialects.glm:GlmDialect",
-    "minimax": "pegmask.dialects.minimax:MiniMaxDialect",
-    "minimax-m3": "pegmask.dialects.minimax_m3:MiniMaxM3Dialect",
-    "cohere": "pegmask.dialects.cohere:CohereDialect",
-    "command-r": "pegmask.dialects.command_r:CommandRDialect",
-    "cohere-xml": "pegmask.dialects.cohere_xml:CohereXmlDialect",
-    "nemotron": "pegmask.dialects.nemotron:NemotronDialect",
-    "seed-oss": "pegmask.dialects.seed_oss:SeedOssDialect",
-    "hunyuan": "pegmask.dialects.hunyuan:HunyuanDialect",
-    "deepseek-v3.1": "pegmask.dialects.deepseek:DeepSeekV31Dialect",
-    "deepseek-r1": "pegmask.dialects.deepseek:DeepSeekR1Dialect",
-    "mistral": "pegmask.dialects.mistral:MistralDialect",
-    "llama3": "pegmask.dialects.llama3:Llama3Dialect",
-    "apriel": "pegmask.dialects.apriel:AprielDialect",
-    "apertus": "pegmask.dialects.apertus:ApertusDialect",
-    "functionary-v3.2": "pegmask.dialects.functionary:FunctionaryDialect",
-    "functionary-v3.1": "pegmask.dialects.functionary_v31:FunctionaryV31Dialect",
-    "phi4-mini": "pegmask.dialects.phi4_mini:Phi4MiniDialect",
-    "granite": "pegmask.dialects.granite:GraniteDialect",
-    "mimo": "pegmask.dialects.mimo:MimoDialect",
-    "exaone": "pegmask.dialects.exaone:ExaoneDialect",
-    "hermes-xml": "pegmask.dialects.hermes_xml:HermesXmlDialect",
-    "hermes": "pegmask.dialects.hermes:HermesDialect",
-}
+
+def discover(package: str) -> dict[str, type[Dialect]]:
+    """The families defined in the modules of `package` (by name, in detection order). A module
+    that fails to import is logged and its families left out, so one broken family never breaks
+    the others."""
+    families: dict[str, type[Dialect]] = {}
+    for module_info in pkgutil.iter_modules(import_module(package).__path__):
+        module_name = f"{package}.{module_info.name}"
+        try:
+            module = import_module(module_name)
+        except Exception:  # noqa: BLE001 - whatever breaks a family module, the rest still work
+            logger.exception("dialect module %s failed to import: its families are left out",
+                             module_name)
+            continue
+        for value in vars(module).values():
+            if isinstance(value, type) and issubclass(value, Dialect) \
+                    and value.__module__ == module_name and vars(value).get("name"):
+                if value.name in families:
+                    logger.error("dialect %r of %s is already defined by %s: left out",
+                                 value.name, module_name, families[value.name].__module__)
+                    continue
+                families[value.name] = value
+    return dict(sorted(families.items(), key=lambda item: (item[1].priority, item[0])))
+
+
+@functools.cache
+def _families() -> dict[str, type[Dialect]]:
+    return discover(__package__)
 
 
 def dialect_names() -> list[str]:
     """Every registered dialect, in detection priority order."""
-    return list(_REGISTRY)
+    return list(_families())
 
 
-@functools.cache
+def dialect_classes() -> list[type[Dialect]]:
+    """Every registered dialect's class, in detection priority order."""
+    return list(_families().values())
+
+
 def dialect_class(name: str) -> type[Dialect]:
     """The class of dialect `name`."""
     try:
-        target = _REGISTRY[name]
+        return _families()[name]
     except KeyError:
-        raise ValueError(f"unknown dialect {name!r}; known: {sorted(_REGISTRY)}") from None
-    module_name, class_name = target.split(":")
-    return getattr(importlib.import_module(module_name), class_name)
+        raise ValueError(f"unknown dialect {name!r}; known: {sorted(_families())}") from None
 
 
 def get_dialect(name: str, **options: Any) -> Dialect:
@@ -95,8 +98,8 @@ def detect_dialect(template: str | None) -> str:
     if not template:
         return UNKNOWN
     renderings = probe_renderings(template)
-    for name in _REGISTRY:
-        if dialect_class(name).owns_template(template, renderings):
+    for name, cls in _families().items():
+        if cls.owns_template(template, renderings):
             return name
     return UNKNOWN
 

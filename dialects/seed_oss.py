@@ -12,7 +12,6 @@ Prompts come from the model's template.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 
 from pegmask.dialects.base import TurnDialect
 
@@ -21,10 +20,7 @@ _PROBE_CALL = re.compile(r"<seed:tool_call>\s*<function=pegmask_probe>")
 
 class SeedOssDialect(TurnDialect):
     name = "seed-oss"
+    priority = 140
+    probe = (_PROBE_CALL,)
     peg_file = "seed_oss.peg"
     raw_until = "</parameter>"
-
-    @classmethod
-    def owns_template(cls, template: str, renderings: Sequence[str]) -> bool:
-        """`<seed:tool_call>` holding `<function=NAME>`."""
-        return any(_PROBE_CALL.search(text) for text in renderings)

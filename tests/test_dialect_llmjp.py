@@ -28,8 +28,7 @@ from test_dialect_harmony import expected_accepts, harmony_tiers, message
 
 from pegmask.bench.data import DATA
 from pegmask.dialects import ChatRequest, get_dialect
-from pegmask.dialects.llmjp_harmony import detect_dialect_from_template
-from pegmask.dialects.native import llmjp_prompt_form
+from pegmask.dialects.llmjp_harmony import detect_dialect_from_template, llmjp_prompt_form
 
 DIALECT = get_dialect("llmjp-harmony")
 

@@ -10,14 +10,10 @@ import pytest
 
 from pegmask.bench.data import TEMPLATES_DIR
 from pegmask.dialects import get_dialect
+from pegmask.dialects.dsml import render_dsml_v4
 from pegmask.dialects.history import HistoryError, normalize_history, normalize_tools
-from pegmask.dialects.native import (
-    NATIVE_DIALECTS,
-    llmjp_prompt_form,
-    render_dsml_v4,
-    render_native,
-    replay_text,
-)
+from pegmask.dialects.llmjp_harmony import llmjp_prompt_form
+from pegmask.dialects.native import native_renderers, render_native, replay_text
 from pegmask.dialects.replay import ReplayMemory
 from pegmask.dialects.templating import render_history
 
@@ -732,7 +728,7 @@ def test_llmjp_prompt_form_removes_one_tokenizer_space_per_special_token():
     assert llmjp_prompt_form("plain text") == "plain text"
 
 
-@pytest.mark.parametrize("dialect", sorted(NATIVE_DIALECTS))
+@pytest.mark.parametrize("dialect", sorted(native_renderers()))
 def test_template_variables_a_renderer_does_not_read_are_ignored(dialect: str) -> None:
     """As a chat template ignores variables it never reads (a request's reasoning_effort
     reaches Hermes too)."""
