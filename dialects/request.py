@@ -20,7 +20,8 @@ Public API (stable; other dialects and the engine build on it)::
                               is False)
     req.allowed_tools      -> the names a call may use (tool_choice applied; [] for "none")
     req.min_calls          -> 1 for "required" / a named tool, else 0
-    req.max_calls          -> 0 if no call can start, 1 without parallel calls, None = unbounded
+    req.max_calls          -> 0 if no call can start, 1 without parallel calls or for a
+                              named tool, None = unbounded
     req.response_schema    -> the JSON Schema the answer must follow, or None
     req.response_grammar   -> the same as a grammar node for json(...) (strict mode applied)
     req.reasoning_enabled(default) -> bool | None   (None: detect from the output)
@@ -132,9 +133,11 @@ class ChatRequest:
 
     @property
     def max_calls(self) -> int | None:
+        """A named tool is called once (OpenAI's and vLLM's behaviour), whatever
+        `parallel_tool_calls` says."""
         if not self.allowed_tools:
             return 0
-        return None if self.parallel_tool_calls else 1
+        return None if self.parallel_tool_calls and self._named is None else 1
 
     @property
     def response_schema(self) -> dict[str, Any] | bool | None:

@@ -234,7 +234,7 @@ def test_request_views():
     named = ChatRequest(tools=TOOLS, tool_choice={"type": "function",
                                                   "function": {"name": "get_time"}})
     assert named.allowed_tools == ["get_time"] and named.min_calls == 1
-    assert named.max_calls is None
+    assert named.max_calls == 1  # one call of the named tool, even with parallel calls allowed
     none = ChatRequest(tools=TOOLS, tool_choice="none")
     assert none.allowed_tools == [] and none.max_calls == 0
     assert ChatRequest().max_calls == 0  # auto without tools: no call can start

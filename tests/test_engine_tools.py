@@ -202,6 +202,20 @@ def test_tool_choice_full_matrix(engine: Engine) -> None:
     _run_matrix(engine, _matrix(CASES, seeds=[1, 2, 3], parallel=CASES), batch=16)
 
 
+def test_a_named_tool_is_called_once_with_parallel_calls_allowed(engine: Engine) -> None:
+    """tool_choice naming a function makes exactly one call of it (OpenAI's and vLLM's
+    behaviour), though parallel_tool_calls is on by default: the embedded model, left to
+    itself, goes on to call it again (one case asks for two cities)."""
+    cases = [case for case in CASES if case[2] == "get_weather"]
+    requests = [_request(case, seed, tool_choice={
+        "type": "function", "function": {"name": "get_weather"}}) for case in cases for seed in (0, 1)]
+    for result in engine.generate_batch(requests):
+        assert result.finish_reason == "tool_calls", result.text
+        calls = result.message["tool_calls"]
+        assert len(calls) == 1, result.text
+        _check_calls(calls, ["get_weather"])
+
+
 def test_tool_call_streams_like_non_streamed(engine: Engine) -> None:
     request = _request(CASES[3], seed=5, tool_choice="required", parallel_tool_calls=False,
                        max_tokens=80)
