@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from pegmask.grammars import GrammarTooLarge
 from pegmask.kernels import apply_token_bitmask_inplace, sample_masked
 from pegmask.kernels.logits import apply_logit_bias, apply_penalties
 
@@ -282,14 +283,19 @@ class Row:
         return need
 
     def _completion_count(self, fits: int) -> int | None:
-        """The fewest tokens that complete the grammar, None where nothing completes it. Where
-        the distance in symbols (which bounds the count and is cheaper) is at most `fits`, that
-        distance stands in for the count: the completion surely fits."""
+        """The fewest tokens that complete the grammar, None where nothing completes it within
+        the grammar's closing budget (`GrammarLimits.max_completion_length`: a token that
+        leads there is taken back like one whose completion does not fit). Where the distance
+        in symbols (which bounds the count and is cheaper) is at most `fits`, that distance
+        stands in for the count: the completion surely fits."""
         matcher = self.matcher
-        distance = matcher.completion_distance()
-        if distance is None or distance <= fits:
-            return distance
-        return matcher.completion_token_count()
+        try:
+            distance = matcher.completion_distance()
+            if distance is None or distance <= fits:
+                return distance
+            return matcher.completion_token_count()
+        except GrammarTooLarge:
+            return None
 
     # ----------------------------------------------------------------- sampling
     def step(self, logits: torch.Tensor, bitmask: torch.Tensor, masked: bool) -> list[Delta]:

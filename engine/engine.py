@@ -46,7 +46,7 @@ from pegmask.engine.requests import (
     grammar_for_format,
 )
 from pegmask.engine.scheduler import Event, Limits, Scheduler, Submission
-from pegmask.grammars import Grammar
+from pegmask.grammars import Grammar, GrammarLimits, GrammarTooLarge
 from pegmask.grammars.compiler import CompiledGrammar, GrammarCompiler
 from pegmask.grammars.vocab import Vocabulary
 
@@ -163,7 +163,9 @@ class Engine:
     `max_model_len` bounds a request's prompt and output tokens together (default: the
     model's context). `strict_tool_arguments` closes tool parameter objects that do not say
     `additionalProperties` (False: plain JSON Schema). `prewarm` pays the process's one-time
-    grammar costs now rather than in the first request.
+    grammar costs now rather than in the first request. `grammar_limits` are the size budgets
+    every request's grammar is compiled and closed under (a grammar past one is a bad request
+    naming it: `GrammarTooLarge`).
     """
 
     def __init__(
@@ -183,6 +185,7 @@ class Engine:
         strict_tool_arguments: bool = True,
         max_model_len: int | None = None,
         prewarm: bool = True,
+        grammar_limits: GrammarLimits | None = None,
     ):
         self.backend: ModelBackend = load_backend(model, device=device, dtype=dtype)
         context = self.backend.context_length
@@ -207,7 +210,7 @@ class Engine:
             # The dialect's own prompt format, for tools the model's template does not render.
             if self.dialect.native_renderer and not renders_tools(self.chat_template):
                 self._native = get_dialect(name, **options)
-        self._compiler = GrammarCompiler(self.vocab)
+        self._compiler = GrammarCompiler(self.vocab, limits=grammar_limits or GrammarLimits())
         self.strict_tool_arguments = strict_tool_arguments
         # Preparing touches the dialect's and the compiler's caches: one request at a time.
         self._prepare_lock = threading.Lock()
@@ -382,15 +385,16 @@ class Engine:
                                                       trusted=True))
         else:
             field_name = "content" if request.is_chat else "text"
+            param = "grammar"
             if request.grammar is not None:
-                compiled = self.compiled(request.grammar, "grammar")
+                compiled = self.compiled(request.grammar, param)
 
             def make_output() -> TextOutput:
                 return TextOutput(self.vocab, field_name)
         if compiled is not None:
             stop_ids = frozenset(compiled.stop_ids)
             if sampling.close_on_length:
-                self._check_budget(compiled, max_new)
+                self._checked(lambda: self._check_budget(compiled, max_new), param)
         return RowSpec(prompt_ids, sampling, max_new, make_output, compiled, stop_ids,
                        frozenset(self.vocab.eos_ids), self.backend.encode, prompt_text)
 
@@ -412,16 +416,27 @@ class Engine:
     def _check_budget(compiled: CompiledGrammar, max_new: int) -> None:
         """A grammar that must be entered (its shortest output is not empty: tool_choice
         required or named, a response format) and cannot be completed within the budget is a
-        bad request, not an answer cut short."""
-        needed = compiled.matcher().completion_token_count()
+        bad request, not an answer cut short. Where the shortest output is too long to count
+        (`GrammarTooLarge`: past `GrammarLimits.max_completion_length`), a lower bound on its
+        tokens that walks nothing may still show that it cannot fit."""
+        matcher = compiled.matcher()
+        try:
+            needed = matcher.completion_token_count()
+        except GrammarTooLarge:
+            floor = matcher.completion_token_floor()
+            if floor is None or floor <= max_new:
+                raise
+            needed, at_least = floor, "at least "
+        else:
+            at_least = ""
         if needed is None:
             raise InvalidRequestError("no output can complete this request's grammar",
                                       "response_format")
         if needed > max_new:
             raise InvalidRequestError(
-                f"the shortest output this request allows takes {needed} tokens, more than "
-                f"max_tokens ({max_new}); raise max_tokens or set close_on_length=false",
-                "max_tokens")
+                f"the shortest output this request allows takes {at_least}{needed} tokens, "
+                f"more than max_tokens ({max_new}); raise max_tokens or set "
+                "close_on_length=false", "max_tokens")
 
     def prompt_tokens(self, request: GenerationRequest) -> int:
         """How many tokens the request's prompt takes (rendered as for decoding)."""

@@ -1,8 +1,15 @@
 """pegmask.grammars: grammar IR, front-ends (PEG DSL, JSON Schema, regex), the streaming parser
 and the token automaton."""
 
-from pegmask.grammars.errors import GrammarError, ParseError, SchemaError, UnsupportedSchemaError
+from pegmask.grammars.errors import (
+    GrammarError,
+    GrammarTooLarge,
+    ParseError,
+    SchemaError,
+    UnsupportedSchemaError,
+)
 from pegmask.grammars.grammar import Grammar
+from pegmask.grammars.limits import GrammarLimits
 from pegmask.grammars.parser import CaptureNode, Event, ParseResult, StreamParser
 
 __all__ = [
@@ -10,6 +17,8 @@ __all__ = [
     "Event",
     "Grammar",
     "GrammarError",
+    "GrammarLimits",
+    "GrammarTooLarge",
     "ParseError",
     "ParseResult",
     "SchemaError",

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from pegmask.grammars.completion import Completions
 from pegmask.grammars.ir import JSON_WHITESPACE
+from pegmask.grammars.limits import DEFAULT_LIMITS, GrammarLimits
 from pegmask.grammars.masks import DEFAULT_MASK_CACHE_BYTES, TokenMasks
 from pegmask.grammars.matcher import GrammarMatcher
 from pegmask.grammars.program import accept_table
@@ -36,7 +37,8 @@ _SUCCESSORS_BYTES = 300  # a configuration's set of successors after plain text,
 
 class CompiledGrammar(TokenMasks):
     """A grammar bound to a vocabulary: shared transition tables and mask cache for all the
-    matchers it creates (one matcher per generation)."""
+    matchers it creates (one matcher per generation). Its closing computations walk within
+    `grammar.limits`."""
 
     def __init__(
         self,
@@ -90,10 +92,12 @@ class GrammarCompiler:
     """Compiles grammars for one vocabulary and keeps the compiled ones for reuse across
     requests (xgrammar's GrammarCompiler): at most `max_entries` of them, and, counted at each
     `compile`, at most `cache_limit_bytes` of their `memory_bytes` (None: no byte limit). The
-    least recently compiled go first; the one just compiled always stays."""
+    least recently compiled go first; the one just compiled always stays. Every grammar is
+    compiled and closed under `limits` (`Grammar.with_limits`), whatever it was built with."""
 
     def __init__(self, vocab: Vocabulary, *, max_entries: int = 64,
-                 cache_limit_bytes: int | None = DEFAULT_COMPILER_CACHE_BYTES, **options: Any):
+                 cache_limit_bytes: int | None = DEFAULT_COMPILER_CACHE_BYTES,
+                 limits: GrammarLimits = DEFAULT_LIMITS, **options: Any):
         if max_entries < 1:
             raise ValueError(f"max_entries must be at least 1, not {max_entries}")
         if cache_limit_bytes is not None and cache_limit_bytes < 0:
@@ -102,6 +106,7 @@ class GrammarCompiler:
         self.vocab = vocab
         self.max_entries = max_entries
         self.cache_limit_bytes = cache_limit_bytes
+        self.limits = limits
         self.options = options
         self._cache: OrderedDict[tuple, CompiledGrammar] = OrderedDict()
 
@@ -109,7 +114,8 @@ class GrammarCompiler:
         key = grammar.key
         compiled = self._cache.get(key)
         if compiled is None:
-            compiled = self._cache[key] = CompiledGrammar(grammar, self.vocab, **self.options)
+            compiled = self._cache[key] = CompiledGrammar(grammar.with_limits(self.limits),
+                                                          self.vocab, **self.options)
         else:
             self._cache.move_to_end(key)
         self._evict()

@@ -21,6 +21,13 @@ Two levels:
   its heuristic finds the exact figure. The chain's transitions are kept per configuration,
   so the witness from any configuration continues the witness of the one before it: the
   plan's tokens lead from plan to plan, each one token shorter.
+
+Bounded work: the per-program figures are numbers, however many symbols they count (a
+counted repetition's `x{1000000000}` is a figure of its rules, not a walk), kept at most
+`_FAR`. Only the per-configuration proof walks, one configuration per symbol, so it is
+refused (`GrammarTooLarge`, `GrammarLimits.max_completion_length`) where the lower bound is
+already past the budget; `token_floor` answers "can this fit in so many tokens" without any
+walk (the engine's check at prepare time).
 """
 
 from __future__ import annotations
@@ -48,10 +55,21 @@ from pegmask.grammars.program import (
 if TYPE_CHECKING:
     from pegmask.grammars.compiler import CompiledGrammar
 
-UNREACHABLE = 1 << 60  # the distance where no completion exists
+UNREACHABLE = 1 << 62  # the distance where no completion exists
+# Finite figures are kept at most this: beyond any budget, a lower bound still, and two of
+# them add up below UNREACHABLE (and within int64).
+_FAR = 1 << 60
 _NO_BYTE = bytes(256)  # the accept table of the empty union
 _ENTRY_BYTES = 100  # a memoized figure: its dictionary slot and its int or tuple
 _SEARCH_LIMIT = 20_000  # configurations an exact search may expand before it gives up
+
+
+def _add(a: int, b: int) -> int:
+    """`a + b` for figures: UNREACHABLE if either is, else at most `_FAR`."""
+    total = a + b
+    return UNREACHABLE if total >= UNREACHABLE else min(total, _FAR)
+
+
 # Bytes a witness prefers where a class allows several (readable ones first).
 _PREFERRED = (b"abcdefghijklmnopqrstuvwxyz0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ "
               + bytes(b for b in range(0x21, 0x7F) if not chr(b).isalnum())
@@ -106,7 +124,7 @@ def instruction_distances(program: Program, special_cost: Mapping[int, int]
                 entry, back = arg[prev], aux[prev]
                 if not (settled[entry] and settled[back]):
                     continue
-                candidate = dist[entry] + dist[back]
+                candidate = _add(dist[entry], dist[back])
             elif k == BYTE:
                 candidate = here + 1
             elif k == SPECIAL:
@@ -135,6 +153,8 @@ class Completions:
         cost = {SPECIAL_BASE + i: 1 for i in range(len(program.specials))}
         cost.update({symbol: len(spelling) for symbol, spelling in self.spelling.items()})
         self.dist, self.via = instruction_distances(program, cost)
+        self.limits = compiled.grammar.limits
+        self._longest = max(1, int(compiled.trie.height[0]))  # bytes of the longest token
         self._first_bytes = lexer.first_bytes
         self._frames: list[int] = [0]  # per call stack: the distances of its return addresses
         self._bounds: dict[int, int] = {}
@@ -162,7 +182,7 @@ class Completions:
             return frames[stack]
         stacks, dist = self.compiled.runtime.stacks, self.dist
         for sid in range(len(frames), len(stacks)):  # parents are interned before children
-            frames.append(dist[stacks.ret[sid]] + frames[stacks.parent[sid]])
+            frames.append(_add(dist[stacks.ret[sid]], frames[stacks.parent[sid]]))
         return frames[stack]
 
     def bound(self, config: int) -> int:
@@ -179,9 +199,8 @@ class Completions:
                 known = self._held_bound(compiled._base[config], compiled._held[config])
             else:
                 dist, frame_cost = self.dist, self._frame_cost
-                known = min([dist[pc] + frame_cost(stack)
+                known = min([_add(dist[pc], frame_cost(stack))
                              for pc, stack in compiled._threads[config]], default=UNREACHABLE)
-                known = min(known, UNREACHABLE)
             self._bounds[config] = known
         return known
 
@@ -202,11 +221,23 @@ class Completions:
             held = held[1:]
         return min(best, self.bound(base))
 
+    def token_floor(self, config: int) -> int:
+        """A lower bound on `plan_length` that walks nothing: no token spells more symbols
+        than the vocabulary's longest token has bytes (UNREACHABLE: no completion)."""
+        bound = self.bound(config)
+        return bound if bound >= UNREACHABLE else -(-bound // self._longest)
+
     # ----------------------------------------------------------------- exact distances
     def distance(self, config: int) -> int:
-        """The fewest symbols that complete the grammar from `config` (UNREACHABLE: none)."""
+        """The fewest symbols that complete the grammar from `config` (UNREACHABLE: none).
+        Raises `GrammarTooLarge` where even its lower bound is past
+        `limits.max_completion_length`: proving it would walk that many configurations."""
         known = self._exact.get(config)
         if known is None:
+            bound = self.bound(config)
+            if bound < UNREACHABLE:
+                self.limits.check("max_completion_length", bound,
+                                  "the shortest completion is too long to walk (symbols)")
             if not self._prove_by_chain(config):
                 self._search(config)
             known = self._exact[config]
@@ -460,7 +491,9 @@ class Completions:
         if 0 < here < UNREACHABLE:
             tokens, states = self.compiled.moves(config)
             targets, index = np.unique(states, return_inverse=True)
-            closer = np.array([self.distance(t) < here for t in targets.tolist()], dtype=bool)
+            # (A target whose bound is not lower is not closer: its distance is not walked.)
+            closer = np.array([self.bound(t) < here and self.distance(t) < here
+                               for t in targets.tolist()], dtype=bool)
             plans = np.array([self.plan_length(t) if near else UNREACHABLE
                               for t, near in zip(targets.tolist(), closer.tolist(), strict=True)],
                              dtype=np.int64)

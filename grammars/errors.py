@@ -14,6 +14,22 @@ class GrammarError(ValueError):
         super().__init__(f"{message}{where}")
 
 
+class GrammarTooLarge(GrammarError):
+    """A grammar past one of the size budgets of `GrammarLimits` (`limit` names the field:
+    "max_instructions", "max_completion_length"): `value` is what the grammar needs (at least),
+    `allowed` the budget. Raised before anything proportional to `value` is built, so that a
+    hostile count is an error, not a process that grows until the kernel kills it."""
+
+    def __init__(self, limit: str, value: int, allowed: int, what: str):
+        self.limit = limit
+        self.value = value
+        self.allowed = allowed
+        flag = "--grammar-" + limit.replace("_", "-")
+        super().__init__(f"grammar too large: {what} ({value} > {limit}={allowed}; raise it "
+                         f"with GrammarLimits({limit}=...), Engine(grammar_limits=...) or "
+                         f"`pegmask serve {flag}`)")
+
+
 class SchemaError(GrammarError):
     """A JSON Schema is invalid or uses something that cannot be compiled.
 

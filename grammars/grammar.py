@@ -3,38 +3,43 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
 from typing import Any
 
+from pegmask.grammars.counted import compact_repetitions
 from pegmask.grammars.ir import GrammarIR, Node, contains_json_schema, json_schema_node
+from pegmask.grammars.limits import DEFAULT_LIMITS, GrammarLimits
 from pegmask.grammars.parser import ParseResult, StreamParser, parse_program
-from pegmask.grammars.program import DEFAULT_MAX_INSTRUCTIONS, Program, compile_program
+from pegmask.grammars.program import Program, compile_program
 
 
 class Grammar:
     """A grammar in IR form with its compiled program (compiled on first use, then cached).
 
     Build one with `from_peg`, `from_json_schema`, `from_regex` or from an IR directly.
+    `limits` are the size budgets it is compiled and closed under (`with_limits`: the same
+    grammar under others, as an engine applies its own).
     """
 
-    def __init__(self, ir: GrammarIR, *, max_instructions: int = DEFAULT_MAX_INSTRUCTIONS):
+    def __init__(self, ir: GrammarIR, *, limits: GrammarLimits = DEFAULT_LIMITS):
         self.ir = ir
-        self.max_instructions = max_instructions
+        self.limits = limits
         self._program: Program | None = None
         self._key: tuple | None = None
 
     # ----------------------------------------------------------------- front-ends
     @classmethod
     def from_peg(cls, text: str, *, start: str | None = None,
-                 schemas: dict[str, Any] | None = None) -> Grammar:
+                 schemas: dict[str, Any] | None = None,
+                 limits: GrammarLimits = DEFAULT_LIMITS) -> Grammar:
         """Parse the PEG DSL. `schemas` maps names used by `json(name)` to JSON Schemas (or to
         `ir.json_schema_node(schema, **options)` for a schema with front-end options)."""
         from pegmask.grammars.peg import peg_to_ir
 
-        return cls(peg_to_ir(text, start=start, schemas=schemas))
+        return cls(peg_to_ir(text, start=start, schemas=schemas), limits=limits)
 
     @classmethod
-    def from_json_schema(cls, schema: dict[str, Any] | bool | str, **options: Any) -> Grammar:
+    def from_json_schema(cls, schema: dict[str, Any] | bool | str, *,
+                         limits: GrammarLimits = DEFAULT_LIMITS, **options: Any) -> Grammar:
         """A grammar for JSON values valid under `schema` (a dict, bool or JSON text).
 
         Options are those of `pegmask.grammars.json_schema.schema_to_rules` (whitespace,
@@ -42,36 +47,48 @@ class Grammar:
         """
         if isinstance(schema, str):
             schema = json.loads(schema)
-        return cls(GrammarIR({"root": json_schema_node(schema, **options)})).compile()
+        return cls(GrammarIR({"root": json_schema_node(schema, **options)}), limits=limits).compile()
 
     @classmethod
-    def from_regex(cls, pattern: str) -> Grammar:
+    def from_regex(cls, pattern: str, *, limits: GrammarLimits = DEFAULT_LIMITS) -> Grammar:
         """A grammar for strings fully matching `pattern` (the structured-output regex subset)."""
         from pegmask.grammars.regex import regex_to_node
 
-        return cls(GrammarIR({"root": regex_to_node(pattern)})).compile()
+        return cls(GrammarIR({"root": regex_to_node(pattern)}), limits=limits).compile()
 
     @classmethod
-    def from_node(cls, node: Node, rules: dict[str, Node] | None = None) -> Grammar:
+    def from_node(cls, node: Node, rules: dict[str, Node] | None = None, *,
+                  limits: GrammarLimits = DEFAULT_LIMITS) -> Grammar:
         """A grammar whose start rule is `node` (plus optional named rules)."""
-        return cls(GrammarIR({**(rules or {}), "root": node}))
+        return cls(GrammarIR({**(rules or {}), "root": node}), limits=limits)
+
+    def with_limits(self, limits: GrammarLimits) -> Grammar:
+        """This grammar under other size budgets: itself where they are the same; else a
+        grammar of the same IR, sharing the compiled program where it fits them."""
+        if limits == self.limits:
+            return self
+        other = Grammar(self.ir, limits=limits)
+        if self._program is not None and len(self._program) <= limits.max_instructions:
+            other._program = self._program
+        return other
 
     # ----------------------------------------------------------------- compiled forms
     @property
     def program(self) -> Program:
         """The compiled program. The JSON Schema front-end first expands the IR's `JsonSchema`
         nodes into rules (imported only then: grammars without schemas never load it), so
-        the compiler depends on no front-end."""
+        the compiler depends on no front-end; then large counted repetitions become rules
+        (`compact_repetitions`). Raises `GrammarTooLarge` past `limits.max_instructions`."""
         if self._program is None:
             ir = self.ir
-            generated: Iterable[str] = ()
+            generated: list[str] = []
             if any(contains_json_schema(body) for body in ir.rules.values()):
                 from pegmask.grammars.json_schema import expand_json_schemas
 
                 ir = expand_json_schemas(ir)
-                generated = ir.rules.keys() - self.ir.rules.keys()
-            self._program = compile_program(ir, generated=generated,
-                                            max_instructions=self.max_instructions)
+                generated += ir.rules.keys() - self.ir.rules.keys()
+            ir, counted = compact_repetitions(ir)
+            self._program = compile_program(ir, generated=generated + counted, limits=self.limits)
         return self._program
 
     def compile(self) -> Grammar:

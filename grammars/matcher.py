@@ -83,6 +83,9 @@ class GrammarMatcher:
             target[width:] = 0
 
     # ----------------------------------------------------------------- closing under a budget
+    # The figures below walk one configuration per symbol of the shortest completion, so they
+    # raise `GrammarTooLarge` where it is longer than `GrammarLimits.max_completion_length`
+    # (`completion_token_floor` never does).
     def completion_distance(self) -> int | None:
         """The fewest symbols that complete the grammar from here (bytes; a special token the
         vocabulary has counts one, one it lacks the bytes of its spelling): 0 where the grammar
@@ -113,6 +116,15 @@ class GrammarMatcher:
             return 0
         count = self.compiled.completions.plan_length(self._state)
         return None if count >= UNREACHABLE else count
+
+    def completion_token_floor(self) -> int | None:
+        """A lower bound on `completion_token_count()` that walks nothing (the program's bound on
+        the distance over the vocabulary's longest token), for a quick "cannot fit in N
+        tokens"; None where no input completes the grammar."""
+        if self._terminated:
+            return 0
+        floor = self.compiled.completions.token_floor(self._state)
+        return None if floor >= UNREACHABLE else floor
 
     def fill_closing_bitmask(self, bitmask: Any, index: int, remaining: int) -> None:
         """Write into row `index` the tokens that close the output within `remaining` tokens

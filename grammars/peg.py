@@ -29,6 +29,7 @@ from typing import Any
 from lark import Lark, Token, Transformer, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, VisitError
 
+from pegmask.grammars.counted import count_literal
 from pegmask.grammars.errors import GrammarError
 from pegmask.grammars.ir import (
     MAX_UNICODE,
@@ -176,11 +177,11 @@ class _ToIR(Transformer):
 
     @v_args(inline=True)
     def repeat_exact(self, atom: Node, count: Token) -> Node:
-        return Repeat(atom, int(count), int(count))
+        return Repeat(atom, count_literal(count), count_literal(count))
 
     def repeat_range(self, children: list[Any]) -> Node:
-        atom, lo = children[0], int(children[1])
-        hi = int(children[2]) if len(children) > 2 else None
+        atom, lo = children[0], count_literal(children[1])
+        hi = count_literal(children[2]) if len(children) > 2 else None
         if hi is not None and hi < lo:
             raise GrammarError(f"repetition {{{lo},{hi}}} has max < min", line=self._line(children[1]))
         return Repeat(atom, lo, hi)

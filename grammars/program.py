@@ -42,11 +42,10 @@ from pegmask.grammars.ir import (
     children,
     seq,
 )
+from pegmask.grammars.limits import DEFAULT_LIMITS, GrammarLimits
 
 BYTE, SPECIAL, SPLIT, JUMP, CALL, RET, OPEN, CLOSE, MATCH = range(9)
 SPECIAL_BASE = 256
-
-DEFAULT_MAX_INSTRUCTIONS = 400_000
 
 
 @dataclass
@@ -291,11 +290,13 @@ def _accept_table(ranges: tuple[tuple[int, int], ...]) -> bytes:
     return bytes(table)
 
 
+@functools.lru_cache(maxsize=256)
 def until_automaton(stops: tuple[bytes, ...]) -> tuple[list[dict[int, int]], int]:
     """Aho-Corasick DFA over bytes for 'text containing none of `stops`'.
 
     Returns (transitions per state: byte -> state, forbidden marker). A transition to the
     marker (-1) means a stop string would be completed, so that byte is not allowed there.
+    Memoized (the compiler and `instruction_count` both need it); callers do not modify it.
     """
     if any(not s for s in stops):
         raise GrammarError("until() needs non-empty stop strings")
@@ -336,10 +337,53 @@ def until_automaton(stops: tuple[bytes, ...]) -> tuple[list[dict[int, int]], int
     return delta, -1
 
 
+def instruction_count(nodes: Iterable[Node], memo: dict[int, tuple[Node, int]] | None = None
+                      ) -> int:
+    """How many instructions the compiler emits for `nodes`, plus one each (a rule's RET):
+    exact, except that a list `item (sep item)*` counts its item twice (the compiler emits it
+    once), so never less. Arithmetic on the counts: nothing proportional to a repetition count
+    is built. `memo` (by node identity, the node kept alive) may be shared between calls."""
+    memo = {} if memo is None else memo
+
+    def size(node: Node) -> int:
+        hit = memo.get(id(node))
+        if hit is not None and hit[0] is node:
+            return hit[1]
+        if isinstance(node, Literal):
+            result = len(node.data) or 1
+        elif isinstance(node, (ByteClass, Special)):
+            result = 1
+        elif isinstance(node, Seq):
+            result = sum(size(i) for i in node.items) or 1
+        elif isinstance(node, Choice):
+            result = 1 + sum(size(a) for a in node.alts)
+        elif isinstance(node, Repeat):
+            # The entry JUMP, `min` copies, then a loop (SPLIT, a copy, JUMP) or `max - min`
+            # optional copies (SPLIT, a copy, the skip's JUMP).
+            optional = 1 if node.max is None else node.max - node.min
+            result = 1 + size(node.item) * (node.min + optional) + 2 * max(optional, 0)
+        elif isinstance(node, CharClass):
+            sequences = char_class_sequences(node)
+            multi = [len(s) for s in sequences if len(s) > 1]
+            result = (len(sequences) > len(multi)) + sum(multi) + (1 if multi else 0)
+        elif isinstance(node, Capture):
+            result = 2 + size(node.item)
+        elif isinstance(node, Trigger):
+            result = size(node.item)
+        elif isinstance(node, Until):
+            delta, forbidden = until_automaton(node.stops)
+            result = 2 + sum(1 + len(set(row.values()) - {forbidden}) for row in delta)
+        else:  # a Ref (CALL, JUMP); a JsonSchema is expanded before
+            result = 2
+        memo[id(node)] = (node, result)
+        return result
+
+    return sum(size(n) + 1 for n in nodes)
+
+
 class _Compiler:
-    def __init__(self, ir: GrammarIR, max_instructions: int):
+    def __init__(self, ir: GrammarIR):
         self.ir = ir
-        self.max_instructions = max_instructions
         self.kind: list[int] = []
         self.arg: list[int] = []
         self.aux: list[int] = []
@@ -353,11 +397,6 @@ class _Compiler:
 
     def emit(self, kind: int, arg: int = -1, aux: int = -1, targets: tuple[int, ...] = (),
              accept: bytes | None = None) -> int:
-        if len(self.kind) >= self.max_instructions:
-            raise GrammarError(
-                f"grammar too large: more than {self.max_instructions} instructions "
-                "(a repetition count or schema is too big)"
-            )
         self.kind.append(kind)
         self.arg.append(arg)
         self.aux.append(aux)
@@ -603,9 +642,12 @@ def _to_ranges(values: list[int]) -> list[tuple[int, int]]:
 
 
 def compile_program(ir: GrammarIR, *, generated: Iterable[str] = (),
-                    max_instructions: int = DEFAULT_MAX_INSTRUCTIONS) -> Program:
+                    limits: GrammarLimits = DEFAULT_LIMITS) -> Program:
     """Check the rules and emit the instruction program. Front-ends have expanded their nodes
-    first (`Grammar.program`: JSON Schemas); `generated` names the rules they made (see
-    `check_rules`)."""
+    first (`Grammar.program`: JSON Schemas, large counted repetitions); `generated` names the
+    rules they made (see `check_rules`). A program past `limits.max_instructions` is refused on
+    its `instruction_count`, before any instruction is emitted."""
     check_rules(ir, generated)
-    return _Compiler(ir, max_instructions).compile()
+    limits.check("max_instructions", 2 + instruction_count(ir.rules.values()),
+                 "its program has too many instructions")
+    return _Compiler(ir).compile()

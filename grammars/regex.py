@@ -41,11 +41,14 @@ backreferences (``\1``, ``\k<n>``, ``(?P=n)``), lookahead and lookbehind, condit
 ``[:alpha:]``, other inline flags (``m x a u L``), classes that match no character, and lone
 surrogates outside classes (UTF-8 cannot encode them).
 
-Size bounds keep hostile patterns from hanging the compiler (which unrolls bounded repetitions):
-at most `MAX_PATTERN_LENGTH` characters, groups nested at most `MAX_GROUP_DEPTH` deep, and at
-most `max_size` (default `MAX_EXPANDED_SIZE`) items once repetitions are expanded. Each character
-or class counts 1; `x{n,m}` counts `m` times `x` (`x{n,}` counts `n + 1` times), so nested
-repetitions multiply. A repetition of a repetition is folded into one where that is exact
+Size bounds keep hostile patterns from hanging the compiler: at most `MAX_PATTERN_LENGTH`
+characters, groups nested at most `MAX_GROUP_DEPTH` deep, and at most `max_size` (default
+`MAX_EXPANDED_SIZE`) items once the repetitions the compiler unrolls are expanded. Each character
+or class counts 1. A repetition of an item that may match the empty string is unrolled, and
+every copy of it is a parser thread before any input: `x{n,m}` counts `m` times `x` (`x{n,}`
+counts `n + 1` times), so nested ones multiply. Any other repetition counts as its item: large
+counts compile to O(log n) rules (`pegmask.grammars.counted`), so `a{1000000000}` is a small
+grammar. A repetition of a repetition is folded into one where that is exact
 (`((a?){100}){100}` is `a{0,10000}`), which keeps the parser's live-thread count small.
 """
 
@@ -57,9 +60,10 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from pegmask.grammars.counted import count_literal
 from pegmask.grammars.errors import GrammarError
 from pegmask.grammars.ir import EMPTY, MAX_UNICODE, CharClass, Literal, Node, Repeat, choice, seq
-from pegmask.grammars.program import char_class_scalar_ranges
+from pegmask.grammars.program import char_class_scalar_ranges, is_nullable
 
 MAX_PATTERN_LENGTH = 20_000
 MAX_EXPANDED_SIZE = 10_000
@@ -86,10 +90,6 @@ _INLINE_FLAGS = re.compile(r"\(\?([a-zA-Z]*)(?:-([a-zA-Z]*))?([:)])")
 _POSIX_CLASS = re.compile(r"\[:[A-Za-z]+:\]")
 _HEX = frozenset("0123456789abcdefABCDEF")
 _OCTAL = frozenset("01234567")
-# Counts with more digits than this are far beyond any size limit (and `int()` of a huge digit
-# string is itself slow), so they are clamped before multiplying.
-_MAX_COUNT_DIGITS = 9
-_HUGE_COUNT = 10**_MAX_COUNT_DIGITS
 
 
 class RegexError(GrammarError):
@@ -314,8 +314,8 @@ class _Parser:
         m = _BRACES.match(self.pattern, self.pos) if c == "{" else None
         if m is None or not (m[1] or m[2]):
             return None
-        low = _count(m[1]) if m[1] else 0
-        high = _count(m[3]) if m[3] else (None if m[2] else low)
+        low = count_literal(m[1]) if m[1] else 0
+        high = count_literal(m[3]) if m[3] else (None if m[2] else low)
         return low, high, m.end()
 
     def quantified(self, atom: Node, size: int, start: int) -> tuple[Node, int]:
@@ -337,11 +337,14 @@ class _Parser:
                              "greater than maximum", quantifier_pos)
         if size == 0 or high == 0:
             return EMPTY, 0  # repeating (or dropping) something that matches only ""
+        repeated = _repeat(atom, low, high)
+        if isinstance(repeated, Repeat) and not is_nullable(repeated.item, set()):
+            return repeated, size  # counted in rules, not unrolled
         total = size * (high if high is not None else low + 1)
         if total > self.max_size:
             raise self.error(f"repetition too large: {self.quote(start)} expands to more "
                              f"than {self.max_size} items", start)
-        return _repeat(atom, low, high), total
+        return repeated, total
 
     # ----------------------------------------------------------------- groups
     def group(self, flags: frozenset[str], depth: int) -> tuple[Node, int]:
@@ -542,10 +545,6 @@ def _contiguous(a: int, b: int | None, n: int, m: int | None) -> bool:
     if b is None:
         return n >= 1 or a <= 1
     return (n + 1) * a <= n * b + 1
-
-
-def _count(digits: str) -> int:
-    return int(digits) if len(digits) <= _MAX_COUNT_DIGITS else _HUGE_COUNT
 
 
 def _merge(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -4,7 +4,7 @@ The public facade; the implementation lives in the subpackages `pegmask.grammars
 `pegmask.dialects`, `pegmask.kernels`, `pegmask.engine` and `pegmask.bench`.
 """
 
-from pegmask.grammars import Grammar, GrammarError, ParseError
+from pegmask.grammars import Grammar, GrammarError, GrammarLimits, GrammarTooLarge, ParseError
 from pegmask.grammars.compiler import CompiledGrammar, GrammarCompiler, compile_grammar
 from pegmask.grammars.matcher import GrammarMatcher
 from pegmask.grammars.vocab import Vocabulary
@@ -15,7 +15,9 @@ __all__ = [
     "Grammar",
     "GrammarCompiler",
     "GrammarError",
+    "GrammarLimits",
     "GrammarMatcher",
+    "GrammarTooLarge",
     "ParseError",
     "Vocabulary",
     "compile_grammar",

@@ -22,6 +22,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pegmask.grammars.limits import GrammarLimits
+
 # `pegmask bench` names from DESIGN.md -> modules of pegmask.bench
 BENCH_ALIASES = {"grammars": "grammar_bench", "tools": "tools_bench", "e2e": "decode_throughput",
                  "serve": "serve_bench"}
@@ -123,6 +125,15 @@ def _model_options(parser: argparse.ArgumentParser) -> None:
                         action="store_false",
                         help="tool parameter objects without additionalProperties take any "
                              "other key (plain JSON Schema; default: they take none)")
+    limits = GrammarLimits()
+    parser.add_argument("--grammar-max-instructions", type=int, default=limits.max_instructions,
+                        help="instructions a request's compiled grammar may have (default "
+                             f"{limits.max_instructions}; more: a 400 naming the limit)")
+    parser.add_argument("--grammar-max-completion-length", type=int,
+                        default=limits.max_completion_length,
+                        help="bytes (and special tokens) of the shortest output that closes "
+                             "a request's grammar, which close_on_length walks (default "
+                             f"{limits.max_completion_length}; more: a 400 naming the limit)")
 
 
 def _sampling_options(parser: argparse.ArgumentParser) -> None:
@@ -146,7 +157,10 @@ def _engine(args: argparse.Namespace) -> Any:
                   prefill_chunk=args.prefill_chunk, prefix_cache=args.prefix_cache,
                   request_timeout_s=args.request_timeout,
                   strict_tool_arguments=args.strict_tool_arguments,
-                  max_model_len=args.max_model_len)
+                  max_model_len=args.max_model_len,
+                  grammar_limits=GrammarLimits(
+                      max_instructions=args.grammar_max_instructions,
+                      max_completion_length=args.grammar_max_completion_length))
 
 
 def _sampling(args: argparse.Namespace) -> dict[str, Any]:

@@ -286,13 +286,13 @@ def test_unsupported_constructs_are_named(pattern: str, message: str, position: 
 @pytest.mark.parametrize(
     ("pattern", "message"),
     [
-        ("a{100000}", "repetition too large: 'a{100000}'"),
-        ("a{99999999999999999999999}", "repetition too large"),
-        ("(a{100}){101}", "repetition too large: '(a{100}){101}'"),
-        ("((ab){10}){10}c{9801}", "regex too large"),
-        ("a{6000}b{6000}", "regex too large"),
-        ("(a{6000}|b{6000})", "regex too large"),
-        ("a{6000}|b{6000}", "regex too large"),
+        ("(a|){100000}", "repetition too large: '(a|){100000}'"),
+        ("(a|){99999999999999999999999}", "repetition too large"),
+        ("((a|b?){100}){101}", "repetition too large: '((a|b?){100}){101}'"),
+        ("((ab|){10}){10}(c|){9801}", "regex too large"),
+        ("(a|){6000}(b|){6000}", "regex too large"),
+        ("((a|){6000}|(b|){6000})", "regex too large"),
+        ("(a|){6000}|(b|){6000}", "regex too large"),
         ("x" * (MAX_EXPANDED_SIZE + 1), "regex too large"),
         ("x" * (MAX_PATTERN_LENGTH + 1), "pattern too long"),
         ("(" * (MAX_GROUP_DEPTH + 1) + ")" * (MAX_GROUP_DEPTH + 1), "nested too deeply"),
@@ -305,8 +305,18 @@ def test_size_bounds(pattern: str, message: str) -> None:
 
 def test_size_bound_is_inclusive_and_configurable() -> None:
     assert grammar("(a{100}){100}").matches("a" * MAX_EXPANDED_SIZE)
+    regex_to_node(f"(a|){{{MAX_EXPANDED_SIZE}}}")
+    regex_to_node("(a|b?){5}", max_size=10)
     with pytest.raises(GrammarError, match="repetition too large"):
-        regex_to_node("a{11}", max_size=10)
+        regex_to_node("(a|b?){6}", max_size=10)
+
+
+@pytest.mark.parametrize("pattern", ["a{1000000000}", "(ab|c){1000000000}",
+                                     "((a{1000}){1000}){1000}", "a{99999999999999999999999}",
+                                     "x{10,1000000000}y+"])
+def test_counts_of_items_that_cannot_be_empty_are_not_expanded(pattern: str) -> None:
+    """They compile to O(log n) rules (pegmask.grammars.counted), so no count is too large."""
+    assert len(grammar(pattern).program) < 3_000
 
 
 @pytest.mark.parametrize("outer", ["{0,2}", "{1,3}", "{2}", "{2,}", "*", "+", "?"])

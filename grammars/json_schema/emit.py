@@ -1,6 +1,6 @@
 """Normal-form schemas (`normal`) to grammar IR rules.
 
-Shared pieces (whitespace, any value, any string, one string character, repeated blocks, big
+Shared pieces (whitespace, any value, any string, one string character, repetitions, big
 subtrees that would otherwise be copied) become named rules, so the compiled program stays
 linear in the schema: the compiler expands every occurrence of a node, but a rule only once.
 """
@@ -67,10 +67,7 @@ from pegmask.grammars.json_schema.regular import (
     not_in_node,
     restrict_length,
 )
-from pegmask.grammars.program import (
-    DEFAULT_MAX_INSTRUCTIONS,
-    char_class_sequences,
-)
+from pegmask.grammars.program import instruction_count
 
 if TYPE_CHECKING:
     from pegmask.grammars.json_schema.lower import Lowering
@@ -79,7 +76,6 @@ NEVER_NODE = Choice(())
 MAX_KEY_REGIONS = 32
 ANY_ORDER_BUDGET = 2048  # any-order states (2^slots per object) per schema; then schema order
 MAX_RULES = 50_000
-_BLOCK = 32  # repetition counts above this are built from shared blocks
 _MAX_COUNTED_SLOTS = 64  # minProperties / maxProperties counting: one rule call per slot
 _SMALL = 24  # nodes of up to about this many instructions are copied instead of shared
 _ANY_TEXT = Repeat(CharClass(((0, MAX_UNICODE),)), 0, None)
@@ -101,7 +97,7 @@ class Emitter:
         self._counter = 0
         self._any_order_budget = ANY_ORDER_BUDGET
         self._classes: dict[tuple[tuple[int, int], ...], Node | None] = {}
-        self._repeats: dict[tuple[Node, int, int], Node] = {}
+        self._repeats: dict[tuple[Node, int, int | None], Node] = {}
         self._extras: dict[tuple, Node | None] = {}  # see `extra_member`
         self._sizes: dict[int, tuple[Node, int]] = {}  # instruction counts by node identity
         self.ws = self.shared("ws", lambda: Repeat(JSON_WHITESPACE, 0, max_whitespace)) if max_whitespace else EMPTY
@@ -132,7 +128,7 @@ class Emitter:
 
     def share(self, node: Node) -> Node:
         """`node` itself when small, else a rule for it (so copies cost one call each)."""
-        if _instructions([node], self._sizes) <= _SMALL:
+        if instruction_count([node], self._sizes) <= _SMALL:
             return node
         name = self.new_name("n")
         self.rules[name] = node
@@ -156,10 +152,6 @@ class Emitter:
             root, self.rules = _prune(root, self.rules)
         if root is None or _is_never(root):
             raise SchemaError("the schema accepts no value")
-        size = _instructions([root, *self.rules.values()], self._sizes)
-        if size > DEFAULT_MAX_INSTRUCTIONS:
-            raise SchemaError(f"schema too large: about {size} grammar instructions "
-                              f"(the compiler's limit is {DEFAULT_MAX_INSTRUCTIONS})")
         return root, self.rules
 
     def emit_raw_root(self, schema: Schema, stop: str) -> tuple[Node, dict[str, Node]]:
@@ -429,42 +421,17 @@ class Emitter:
         return seq(Literal(b"["), self.ws, before, match, after, self.ws, Literal(b"]"))
 
     def repeat(self, item: Node, lo: int, hi: int | None) -> Node:
-        """item{lo,hi} as shared rules: counts above `_BLOCK` are composed from a rule for
-        item{_BLOCK} (recursively, so a count n costs O(log n) instructions), and each
-        (item, count range) is one rule however often it is used."""
-        if lo <= _BLOCK and (hi is None or hi - lo <= _BLOCK):
-            if hi is None:
-                return seq(self.shared_repeat(item, lo, lo), Repeat(item, 0, None))
-            return self.shared_repeat(item, lo, hi)
-        item = self.share(item)
-        block = self.shared_repeat(item, _BLOCK, _BLOCK)
-        parts: list[Node] = []
-        if lo > _BLOCK:
-            parts += [self.repeat(block, lo // _BLOCK, lo // _BLOCK),
-                      self.shared_repeat(item, lo % _BLOCK, lo % _BLOCK)]
-        else:
-            parts.append(self.shared_repeat(item, lo, lo))
-        if hi is None:
-            parts.append(Repeat(item, 0, None))
-        elif hi - lo > _BLOCK:
-            q, r = divmod(hi - lo, _BLOCK)
-            parts.append(choice(
-                seq(self.repeat(block, 0, q - 1), self.shared_repeat(item, 0, _BLOCK - 1)),
-                seq(self.repeat(block, q, q), self.shared_repeat(item, 0, r))))
-        else:
-            parts.append(self.shared_repeat(item, 0, hi - lo))
-        return seq(*parts)
-
-    def shared_repeat(self, item: Node, lo: int, hi: int) -> Node:
-        """item{lo,hi}; a rule made once per (item, lo, hi) unless it is tiny."""
+        """item{lo,hi}; a rule made once per (item, lo, hi) unless it is tiny. Large counts
+        cost no more: the compiler counts them in O(log n) rules (`pegmask.grammars.counted`)."""
         if hi == 0:
             return EMPTY
-        if _instructions([item], self._sizes) * hi <= _SMALL:
+        copies = lo + 1 if hi is None else hi
+        if instruction_count([item], self._sizes) * copies <= _SMALL:
             return Repeat(item, lo, hi)
         key = (item, lo, hi)
         if key not in self._repeats:
             name = self.new_name("r")
-            self.rules[name] = Repeat(item, lo, hi)
+            self.rules[name] = Repeat(self.share(item), lo, hi)
             self._repeats[key] = Ref(name)
         return self._repeats[key]
 
@@ -754,37 +721,6 @@ def _string_keyword(atom: StringAtom) -> str:
 
 def _is_never(node: Node) -> bool:
     return isinstance(node, Choice) and not node.alts
-
-
-def _instructions(nodes: list[Node], memo: dict[int, tuple[Node, int]] | None = None) -> int:
-    """How many instructions the compiler will emit for `nodes` (mirrors `program._Compiler`).
-    `memo` (by node identity, node kept alive) may be shared between calls."""
-    memo = {} if memo is None else memo
-
-    def size(node: Node) -> int:
-        hit = memo.get(id(node))
-        if hit is not None and hit[0] is node:
-            return hit[1]
-        if isinstance(node, Literal):
-            result = len(node.data) or 1
-        elif isinstance(node, Seq):
-            result = sum(size(i) for i in node.items) or 1
-        elif isinstance(node, Choice):
-            result = 1 + sum(size(a) for a in node.alts)
-        elif isinstance(node, Repeat):
-            item = size(node.item)
-            extra = 2 if node.max is None else node.max - node.min
-            result = 1 + item * (node.min + (1 if node.max is None else node.max - node.min)) + 2 * extra
-        elif isinstance(node, CharClass):
-            sequences = char_class_sequences(node)
-            multi = [len(s) for s in sequences if len(s) > 1]
-            result = (len(sequences) > len(multi)) + sum(multi) + (1 if multi else 0)
-        else:
-            result = 2
-        memo[id(node)] = (node, result)
-        return result
-
-    return sum(size(n) + 1 for n in nodes)
 
 
 def _prune(root: Node, rules: dict[str, Node]) -> tuple[Node | None, dict[str, Node]]:
