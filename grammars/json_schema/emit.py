@@ -214,8 +214,12 @@ class Emitter:
     def emit(self, schema: Schema) -> Node:
         if schema is ANY:
             return self.any_value()
-        consts = [a for a in schema.atoms if isinstance(a, ConstAtom)]
-        alts = [value_literal(a.value, self.ws) for a in consts]
+        consts = [a.value for a in schema.atoms if isinstance(a, ConstAtom)]
+        # Two JSON strings never match the same text (the first unescaped quote ends each), so
+        # their order ranks nothing: sorted, the strings that share a prefix are neighbours,
+        # and the compiler's trie shares their escaped characters too (`grammars.alternation`).
+        alts = [value_literal(value, self.ws) for value in consts if not isinstance(value, str)]
+        alts += [string_literal(value) for value in sorted(v for v in consts if isinstance(v, str))]
         alts += [self.atom(a) for a in schema.atoms if not isinstance(a, ConstAtom)]
         alts = [a for a in alts if not _is_never(a)]
         return choice(*alts) if alts else self.never()
