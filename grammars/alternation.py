@@ -43,7 +43,9 @@ from pegmask.grammars.ir import (
     Node,
     Seq,
     Trigger,
+    choice,
     list_separator,
+    seq,
 )
 
 ALL_BYTES = (1 << 256) - 1
@@ -105,6 +107,19 @@ def alternation_trie(alts: Sequence[Node]) -> Trie | None:
     sequences = [_sequence(alt) for alt in alts]
     heads = {_key(sequence[0]) if sequence else None for sequence in sequences}
     return None if len(heads) == len(alts) else _Builder(sequences).build()
+
+
+def left_factored(alts: Sequence[Node]) -> Node:
+    """The choice of `alts` with the items they all begin with taken out of it: `a b | a c`
+    as `a (b | c)`. Only for alternatives no two of which match the same text (the tools of a
+    call, each named at the same place), whose order then ranks nothing: items that are not
+    symbols the trie can share (a rule for whitespace) are shared all the same."""
+    items = [alt.items if isinstance(alt, Seq) else (alt,) for alt in alts]
+    common = 0
+    while (common < min(len(parts) for parts in items)
+           and all(parts[common] == items[0][common] for parts in items[1:])):
+        common += 1
+    return seq(*items[0][:common], choice(*(seq(*parts[common:]) for parts in items)))
 
 
 def _sequence(node: Node) -> bytes | tuple[Symbol, ...]:
