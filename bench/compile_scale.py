@@ -17,12 +17,13 @@ What each engine is given:
 
 After a warm-up (a small enum and two tools, so that no engine's one-time costs count), each
 case is compiled `--runs` times from scratch, the engines taking turns in a rotating order:
-every run's schema (or tool list) carries a description naming the run, so no compiled-grammar
-cache answers a repeat, and garbage is collected before each. Times, medians over the runs:
-**to first mask** (from the schema's text, or the tool list, to the first mask filled), and the
-**first mask** alone (matcher creation and the fill). pegmask's figures are split into its
-stages: the grammar (front-end and instruction program), binding it to the vocabulary
-(`compile_grammar`), and the first mask.
+each run's schema carries a description naming the run (and pegmask's dialect is made anew),
+so no compiled-grammar cache answers a repeat, and garbage is collected before each. Times are
+medians over the runs: **to first mask** (from the schema's text, or the tool list, to the
+first mask filled) and the **first mask** alone (matcher creation and the fill; pegmask's
+tool grammar is the dialect at its defaults, so its first mask is at the turn's start, where
+reasoning may open). pegmask's figures are also split into its stages: the grammar (front-end
+and instruction program), binding it to the vocabulary (`compile_grammar`), the first mask.
 
     pegmask bench compile [--quick] [--enums 1000,5000,20000] [--tools 10,50,200,500] [--runs 3]
         [--out FILE.md]
