@@ -50,6 +50,7 @@ from pegmask.grammars.ir import (
 
 ALL_BYTES = (1 << 256) - 1
 _MAX_PATHS = 32  # an opaque node with more spellings than this is never shared
+_MAX_PATH_LENGTH = 64  # nor one with longer spellings
 
 
 @dataclass(frozen=True)
@@ -187,14 +188,12 @@ class _Builder:
                     first.append(1 << symbol)
                     branches.append((symbol, [alt]))
                 else:
-                    branches[at][1].append(alt)
+                    self._join(branches, at, alt)
                 continue
             key, bits = _key(symbol), self._first(symbol)
             at = last.get(key)
             if at is not None and self._shares(symbol, bits, at, first, wide):
-                group = branches[at][1]
-                assert group is not None
-                group.append(alt)
+                self._join(branches, at, alt)
                 continue
             last[key] = len(branches)
             if not isinstance(symbol, int):
@@ -202,6 +201,12 @@ class _Builder:
             first.append(bits)
             branches.append((symbol, [alt]))
         return branches
+
+    @staticmethod
+    def _join(branches: list[tuple[Symbol, list[int] | None]], at: int, alt: int) -> None:
+        group = branches[at][1]
+        assert group is not None  # an ended branch is never joined: it has no symbol
+        group.append(alt)
 
     def _shares(self, symbol: Symbol, bits: int, at: int, first: list[int],
                 wide: list[int]) -> bool:
@@ -247,8 +252,10 @@ Element = int | tuple[tuple[int, int], ...]
 
 def _paths(node: Node) -> list[tuple[Element, ...]] | None:
     """The derivations of a finite node (literals, classes, sequences, choices), one path
-    each; None for any other node or past `_MAX_PATHS`."""
+    each; None for any other node or past `_MAX_PATHS` or `_MAX_PATH_LENGTH`."""
     if isinstance(node, Literal):
+        if len(node.data) > _MAX_PATH_LENGTH:
+            return None
         return [tuple(1 << byte for byte in node.data)]
     if isinstance(node, ByteClass):
         bits = 0
@@ -269,7 +276,12 @@ def _paths(node: Node) -> list[tuple[Element, ...]] | None:
         found = [()]
         for item in node.items:
             sub = _paths(item)
-            if sub is None or len(found) * len(sub) > _MAX_PATHS:
+            if sub is None:
+                return None
+            if not sub:  # an empty choice: the sequence matches nothing
+                return []
+            if (len(found) * len(sub) > _MAX_PATHS
+                    or max(map(len, found)) + max(map(len, sub)) > _MAX_PATH_LENGTH):
                 return None
             found = [head + tail for head in found for tail in sub]
         return found

@@ -501,7 +501,7 @@ class _Compiler:
             if isinstance(node, Chain):
                 exits.extend(self.chain(node.symbols[node.start :], incoming))
                 continue
-            if node == [None]:  # an alternative ends where the incoming symbol does
+            if node == [None] and incoming:  # alternatives end where that symbol does
                 exits.extend(incoming)
                 continue
             self.link(incoming, len(self.kind))
