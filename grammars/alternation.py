@@ -32,7 +32,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
 
 from pegmask.grammars.ir import (
     ByteClass,
@@ -64,19 +63,6 @@ class Mark:
 Symbol = int | Mark | Node  # a byte, a capture mark, or a node taken whole
 
 
-class Chain(NamedTuple):
-    """The rest of one alternative (its symbols from `start`): a trie path without branches.
-    (A tuple: a large enum makes one per string.)"""
-
-    symbols: bytes | tuple[Symbol, ...]
-    start: int
-
-
-# A trie node: its branches, in rank order, each a symbol and the node after it; `None` for
-# "the alternative ends here". A single alternative's rest is a `Chain`.
-Trie = list[tuple[Symbol, "Trie | Chain"] | None] | Chain
-
-
 def symbols(node: Node) -> Iterator[Symbol]:
     """`node` as a sequence of symbols: literals as bytes, captures as their marks around
     their item's symbols, and every other node whole. An item followed by `(sep item)*`
@@ -102,12 +88,12 @@ def symbols(node: Node) -> Iterator[Symbol]:
         yield node
 
 
-def alternation_trie(alts: Sequence[Node]) -> Trie | None:
+def alternation_trie(alts: Sequence[Node]) -> Alternation | None:
     """The trie of `alts`, or None where no two of them start with the same symbol (a plain
     choice is then just as good)."""
     sequences = [_sequence(alt) for alt in alts]
     heads = {_key(sequence[0]) if sequence else None for sequence in sequences}
-    return None if len(heads) == len(alts) else _Builder(sequences).build()
+    return None if len(heads) == len(alts) else Alternation(sequences)
 
 
 def left_factored(alts: Sequence[Node]) -> Node:
@@ -116,9 +102,8 @@ def left_factored(alts: Sequence[Node]) -> Node:
     call, each named at the same place), whose order then ranks nothing: items that are not
     symbols the trie can share (a rule for whitespace) are shared all the same."""
     items = [alt.items if isinstance(alt, Seq) else (alt,) for alt in alts]
-    common = 0
-    while (common < min(len(parts) for parts in items)
-           and all(parts[common] == items[0][common] for parts in items[1:])):
+    shortest, common = min(map(len, items)), 0
+    while common < shortest and all(parts[common] == items[0][common] for parts in items[1:]):
         common += 1
     return seq(*items[0][:common], choice(*(seq(*parts[common:]) for parts in items)))
 
@@ -139,33 +124,27 @@ def _key(symbol: Symbol | None) -> object:
     return symbol if symbol is None or isinstance(symbol, (int, Mark)) else id(symbol)
 
 
-class _Builder:
-    """Builds the trie level by level from a work list (enums hold long words: no recursion)."""
+class Alternation:
+    """The trie of a choice's alternatives (their symbol sequences), read one node at a time:
+    a node is the alternatives that share a path (`members`, in rank order) and its length
+    (`depth`). The compiler walks it depth first (`program._Compiler.alternation`), so a node
+    lives only until its code is emitted: a large enum's trie never exists whole (its nodes
+    outlived the collector's young generations, and made it scan everything twice)."""
 
     def __init__(self, sequences: list[bytes | tuple[Symbol, ...]]):
         self.sequences = sequences
         self._opaque: dict[int, tuple[int, bool]] = {}  # id -> (first bytes, shareable)
 
-    def build(self) -> Trie:
-        root: list = []
-        work = [(root, list(range(len(self.sequences))), 0)]
-        while work:
-            node, members, depth = work.pop()
-            for symbol, group in self._branches(members, depth):
-                if group is None:
-                    node.append(None)
-                    continue
-                if len(group) == 1:
-                    child: Trie = Chain(self.sequences[group[0]], depth + 1)
-                else:
-                    child = []
-                    work.append((child, group, depth + 1))
-                node.append((symbol, child))
-        return root
+    def __len__(self) -> int:
+        return len(self.sequences)
 
-    def _branches(self, members: list[int], depth: int) -> list[tuple[Symbol, list[int] | None]]:
-        """The branches after `depth` symbols of `members` (alternatives in rank order): each
-        next symbol with the alternatives that take it (None: those that end here)."""
+    def rest(self, alt: int, depth: int) -> bytes | tuple[Symbol, ...]:
+        """The symbols of alternative `alt` after the first `depth`."""
+        return self.sequences[alt][depth:]
+
+    def branches(self, members: list[int], depth: int) -> list[tuple[Symbol, list[int] | None]]:
+        """The branches after `depth` symbols of `members`, in rank order: each next symbol
+        with the alternatives that take it ((None, None): those that end here)."""
         branches: list[tuple[Symbol, list[int] | None]] = []
         first: list[int] = []  # per branch, the bytes it may start with
         last: dict[object, int] = {}  # symbol key -> its latest branch

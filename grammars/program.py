@@ -22,7 +22,7 @@ import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from pegmask.grammars.alternation import Chain, Mark, Symbol, Trie, alternation_trie
+from pegmask.grammars.alternation import Alternation, Mark, Symbol, alternation_trie
 from pegmask.grammars.errors import GrammarError
 from pegmask.grammars.ir import (
     MAX_UNICODE,
@@ -489,32 +489,32 @@ class _Compiler:
             self.tags.append(name)
         return self.tags.index(name)
 
-    def alternation(self, root: Trie) -> list[int]:
+    def alternation(self, trie: Alternation) -> list[int]:
         """A choice as the trie of its alternatives (`pegmask.grammars.alternation`): a node
         of several branches is a SPLIT whose targets read each branch's symbol, so a node
-        that branches on bytes is one parked thread. Emitted from a work list: a trie is as
-        deep as its longest alternative."""
+        that branches on bytes is one parked thread. Walked from a work list, depth first: a
+        trie is as deep as its longest alternative."""
         exits: list[int] = []
-        work: list[tuple[Trie, list[int]]] = [(root, [])]
+        work: list[tuple[list[int], int, list[int]]] = [(list(range(len(trie))), 0, [])]
         while work:
-            node, incoming = work.pop()
-            if isinstance(node, Chain):
-                exits.extend(self.chain(node.symbols[node.start :], incoming))
+            members, depth, incoming = work.pop()
+            if len(members) == 1:  # one alternative's rest
+                exits.extend(self.chain(trie.rest(members[0], depth), incoming))
                 continue
-            if node == [None] and incoming:  # alternatives end where that symbol does
+            branches = trie.branches(members, depth)
+            if branches == [(None, None)] and incoming:  # they end where that symbol does
                 exits.extend(incoming)
                 continue
             self.link(incoming, len(self.kind))
-            split = self.emit(SPLIT) if len(node) > 1 else None
+            split = self.emit(SPLIT) if len(branches) > 1 else None
             starts: list[int] = []
-            children: list[tuple[Trie, list[int]]] = []
-            for branch in node:
+            children: list[tuple[list[int], int, list[int]]] = []
+            for symbol, group in branches:
                 starts.append(len(self.kind))
-                if branch is None:
+                if group is None:
                     exits.append(self.emit(JUMP))
                 else:
-                    symbol, child = branch
-                    children.append((child, self.symbol(symbol)))
+                    children.append((group, depth + 1, self.symbol(symbol)))
             if split is not None:
                 self.targets[split] = tuple(starts)
             work.extend(reversed(children))

@@ -780,12 +780,12 @@ def _instructions(nodes: list[Node], memo: dict[int, tuple[Node, int]] | None = 
     memo = {} if memo is None else memo
 
     def size(node: Node) -> int:
+        if isinstance(node, Literal):  # not memoized: an enum has thousands
+            return len(node.data) or 1
         hit = memo.get(id(node))
         if hit is not None and hit[0] is node:
             return hit[1]
-        if isinstance(node, Literal):
-            result = len(node.data) or 1
-        elif isinstance(node, Seq):
+        if isinstance(node, Seq):
             result = sum(size(i) for i in node.items) or 1
         elif isinstance(node, Choice):
             result = 1 + sum(size(a) for a in node.alts)

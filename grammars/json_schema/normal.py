@@ -157,16 +157,20 @@ class AtomSet:
 
 def canonical_json(value: Any) -> str:
     """Text equal for JSON-equal values (1 and 1.0 alike, key order ignored)."""
-    def norm(v: Any) -> Any:
-        if isinstance(v, bool) or v is None or isinstance(v, str):
-            return v
-        if isinstance(v, (int, float)):
-            return {"$n": str(Decimal(repr(v)).normalize()) if v != 0 else "0"}
-        if isinstance(v, list):
-            return [norm(x) for x in v]
-        return {k: norm(x) for k, x in v.items()}
+    return json.dumps(_normalized(value), sort_keys=True, ensure_ascii=False)
 
-    return json.dumps(norm(value), sort_keys=True, ensure_ascii=False)
+
+def _normalized(value: Any) -> Any:
+    """`value` with numbers as their normalized decimal text (a function of the module, not
+    of each call: a nested one is a reference cycle, garbage for the collector, per enum
+    value)."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)):
+        return {"$n": str(Decimal(repr(value)).normalize()) if value != 0 else "0"}
+    if isinstance(value, list):
+        return [_normalized(x) for x in value]
+    return {k: _normalized(x) for k, x in value.items()}
 
 
 def is_number(value: Any) -> bool:
