@@ -105,3 +105,25 @@ def bars(groups: Sequence[str], series: Mapping[str, Sequence[float]], *, title:
     else:
         axes.legend(fontsize=8)
     return _save(figure, out)
+
+
+def scaling(panels: Mapping[str, Mapping[str, Sequence[tuple[float, float]]]], *, title: str,
+            ylabel: str, out: Path) -> Path:
+    """Side by side, one log-log panel per group (titled by its key, sizes on x): a line per
+    series of (size, value) points."""
+    plt = _pyplot()
+    figure, axes_row = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.2),
+                                    squeeze=False)
+    for axes, (label, series) in zip(axes_row[0], panels.items(), strict=True):
+        for (name, points), color in zip(series.items(), COLORS, strict=False):
+            if points:
+                axes.plot(*zip(*sorted(points), strict=True), marker="o", color=color,
+                          label=name)
+        axes.set_xscale("log")
+        axes.set_yscale("log")
+        axes.set_xlabel(label)
+        axes.set_ylabel(ylabel)
+        axes.grid(alpha=0.3, which="both")
+        axes.legend(fontsize=8)
+    figure.suptitle(title)
+    return _save(figure, out)

@@ -73,14 +73,24 @@ import random
 import re
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from string import Template
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pegmask.dialects.request import ChatRequest
 from pegmask.grammars import Event, Grammar, ParseError
-from pegmask.grammars.ir import JsonSchema, json_schema_node
+from pegmask.grammars.alternation import left_factored
+from pegmask.grammars.ir import (
+    Choice,
+    GrammarIR,
+    JsonSchema,
+    Node,
+    Ref,
+    children,
+    choice,
+    json_schema_node,
+)
 
 if TYPE_CHECKING:
     from pegmask.grammars.vocab import Vocabulary
@@ -190,6 +200,41 @@ def raw_string_values(schema: Any) -> list[str] | None:
     if values is not None:
         return list(values) if all(isinstance(v, str) for v in values) else None
     return [] if set(schema) <= _PLAIN_STRING_KEYS else None
+
+
+def tool_choice(ir: GrammarIR, *, exclusive: bool) -> GrammarIR:
+    """`ir` with its rule `tool`, the choice of the rules `tool_<i>`, holding their bodies
+    instead: the compiler shares the symbols alternatives begin with (`grammars.alternation`),
+    so the tools' names make one trie, where a configuration had a thread per tool at every
+    byte up to the name. `exclusive`: the calls name their tool as a JSON string at the same
+    place of the same framing, so no two tools' calls match the same text, and the framing
+    before the name (whose whitespace rule the compiler would not share) leaves the choice
+    first (`left_factored`). The inlined rules are dropped where nothing else calls them."""
+    body = ir.rules.get("tool")
+    alts = body.alts if isinstance(body, Choice) else (body,)
+    if not all(isinstance(alt, Ref) and alt.name.startswith("tool_") for alt in alts):
+        return ir
+    names = [alt.name for alt in alts if isinstance(alt, Ref)]
+    bodies = [ir.rules[name] for name in names]
+    rules = dict(ir.rules)
+    rules["tool"] = left_factored(bodies) if exclusive else choice(*bodies)
+    called = _called(body for name, body in rules.items() if name not in names)
+    for name in names:
+        if name not in called:
+            del rules[name]
+    return GrammarIR(rules, ir.start, ir.specials)
+
+
+def _called(bodies: Iterable[Node]) -> set[str]:
+    """The rules that `bodies` call."""
+    found: set[str] = set()
+    stack = list(bodies)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, Ref):
+            found.add(node.name)
+        stack.extend(children(node))
+    return found
 
 
 # --------------------------------------------------------------------------- the dialect base
@@ -319,13 +364,17 @@ class Dialect:
         if grammar is None:
             text, schemas = self.grammar_source(request, strict)
             text += f"\npegmask_turn = @{TURN_TAG}:root\n"
-            grammar = Grammar.from_peg(text, start="pegmask_turn", schemas=schemas)
+            grammar = self.grammar_of(text, schemas, strict)
             self._grammars[key] = grammar
             if len(self._grammars) > _GRAMMAR_CACHE_SIZE:
                 self._grammars.popitem(last=False)
         else:
             self._grammars.move_to_end(key)
         return grammar
+
+    def grammar_of(self, text: str, schemas: dict[str, Any], strict: bool) -> Grammar:
+        """The grammar of `grammar_source`'s text (start rule `pegmask_turn`)."""
+        return Grammar.from_peg(text, start="pegmask_turn", schemas=schemas)
 
     def grammar_key(self, request: ChatRequest, strict: bool) -> tuple:
         """What the grammar depends on (the lenient one only on the reasoning mode)."""
@@ -417,6 +466,14 @@ class TurnDialect(Dialect):
             schemas["response"] = answer_schema
         prelude = fill(self.PRELUDE, ws=self.STRICT_WS if strict else "[ \\t\\r\\n]*")
         return prelude + self.word_rule() + text + extra + root, schemas
+
+    def grammar_of(self, text: str, schemas: dict[str, Any], strict: bool) -> Grammar:
+        """The strict grammar's `tool` rule holds the tools' bodies (`tool_choice`)."""
+        grammar = super().grammar_of(text, schemas, strict)
+        if not strict:
+            return grammar
+        named_json = "$name_json" in self.sections()[self.tool_section()]
+        return Grammar(tool_choice(grammar.ir, exclusive=named_json))
 
     #: text a word of content or reasoning never contains: a call block's opening that is
     #: written as text (not a special token), so text cannot swallow a block written right

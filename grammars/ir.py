@@ -177,6 +177,18 @@ def optional(item: Node) -> Node:
     return Repeat(item, 0, 1)
 
 
+def list_separator(item: Node, following: Node) -> Node | None:
+    """`sep` where `following` is `(sep item)*` after `item` (the same node, or a reference
+    to the same rule, after a separator, any number of times); None otherwise."""
+    if not (isinstance(following, Repeat) and following.min == 0 and following.max is None
+            and isinstance(following.item, Seq) and len(following.item.items) > 1):
+        return None
+    *separator, last = following.item.items
+    if not (last is item or (isinstance(item, Ref) and last == item)):
+        return None
+    return seq(*separator)
+
+
 @dataclass(frozen=True)
 class GrammarIR:
     """A set of named rules and the start rule's name."""

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from lark import Lark, Token, Transformer, v_args
+from lark import Lark, Token, Transformer
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, VisitError
 
 from pegmask.grammars.counted import count_literal
@@ -167,16 +167,18 @@ class _ToIR(Transformer):
     def sequence(self, children: list[Node]) -> Node:
         return seq(*children)
 
-    @v_args(inline=True)
-    def quantified(self, atom: Node, quant: Token | None = None) -> Node:
-        if quant is None:
-            return atom
+    # Methods take the children list (no `v_args`: lark wraps such a method at every call,
+    # a third of a dialect grammar's parse with hundreds of tools).
+    def quantified(self, children: list[Any]) -> Node:
+        if len(children) == 1:
+            return children[0]
+        atom, quant = children
         return {"?": Repeat(atom, 0, 1), "*": Repeat(atom, 0, None), "+": Repeat(atom, 1, None)}[
             str(quant)
         ]
 
-    @v_args(inline=True)
-    def repeat_exact(self, atom: Node, count: Token) -> Node:
+    def repeat_exact(self, children: list[Any]) -> Node:
+        atom, count = children
         return Repeat(atom, count_literal(count), count_literal(count))
 
     def repeat_range(self, children: list[Any]) -> Node:
@@ -186,24 +188,21 @@ class _ToIR(Transformer):
             raise GrammarError(f"repetition {{{lo},{hi}}} has max < min", line=self._line(children[1]))
         return Repeat(atom, lo, hi)
 
-    @v_args(inline=True)
-    def capture(self, tag: Token, atom: Node) -> Node:
+    def capture(self, children: list[Any]) -> Node:
+        tag, atom = children
         return Capture(str(tag)[1:-1], atom)
 
-    @v_args(inline=True)
-    def string(self, token: Token) -> Node:
-        return Literal.of(_string(token))
+    def string(self, children: list[Token]) -> Node:
+        return Literal.of(_string(children[0]))
 
-    @v_args(inline=True)
-    def charclass(self, token: Token) -> Node:
-        return _char_class(str(token), self._line(token))
+    def charclass(self, children: list[Token]) -> Node:
+        return _char_class(str(children[0]), self._line(children[0]))
 
     def any_char(self, _children: list[Any]) -> Node:
         return CharClass((), negated=True)
 
-    @v_args(inline=True)
-    def ref(self, token: Token) -> Node:
-        return Ref(str(token))
+    def ref(self, children: list[Token]) -> Node:
+        return Ref(str(children[0]))
 
     def call(self, children: list[Any]) -> Node:
         func_token, args = children[0], children[1:]
@@ -275,10 +274,12 @@ def peg_to_ir(text: str, *, start: str | None = None,
     """Parse PEG DSL text into a checked `GrammarIR` (undefined rules and left recursion are
     reported here, with the offending rule)."""
     rules: dict[str, Node] = {}
+    transformer = _ToIR(schemas or {}, 0)  # one for all: making one wraps all its methods
     for first_line, definition in _logical_lines(text):
         try:
             tree = _PARSER.parse(definition)
-            name, body = _ToIR(schemas or {}, first_line - 1).transform(tree)
+            transformer.line_offset = first_line - 1
+            name, body = transformer.transform(tree)
         except VisitError as exc:
             if isinstance(exc.orig_exc, GrammarError):
                 raise exc.orig_exc from None

@@ -22,6 +22,7 @@ import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from pegmask.grammars.alternation import Alternation, Mark, Symbol, alternation_trie
 from pegmask.grammars.errors import GrammarError
 from pegmask.grammars.ir import (
     MAX_UNICODE,
@@ -40,7 +41,7 @@ from pegmask.grammars.ir import (
     Trigger,
     Until,
     children,
-    seq,
+    list_separator,
 )
 from pegmask.grammars.limits import DEFAULT_LIMITS, GrammarLimits
 
@@ -170,10 +171,16 @@ def is_nullable(node: Node, nullable: set[str]) -> bool:
         return not node.data
     if isinstance(node, (ByteClass, CharClass, Special, JsonSchema)):
         return False  # a JSON value is never empty
-    if isinstance(node, Seq):
-        return all(is_nullable(i, nullable) for i in node.items)
+    if isinstance(node, Seq):  # loops, not all(): a choice of 20,000 strings comes here
+        for item in node.items:
+            if not is_nullable(item, nullable):
+                return False
+        return True
     if isinstance(node, Choice):
-        return any(is_nullable(a, nullable) for a in node.alts)
+        for alt in node.alts:
+            if is_nullable(alt, nullable):
+                return True
+        return False
     if isinstance(node, Repeat):
         return node.min == 0 or is_nullable(node.item, nullable)
     if isinstance(node, (Capture, Trigger)):
@@ -187,18 +194,19 @@ def is_nullable(node: Node, nullable: set[str]) -> bool:
 
 def _left_refs(node: Node, nullable: set[str]) -> set[str]:
     """Rules that `node` may call before consuming any symbol."""
-    if isinstance(node, Ref):
-        return {node.name}
-    if isinstance(node, Seq):
-        found: set[str] = set()
-        for item in node.items:
-            found |= _left_refs(item, nullable)
-            if not is_nullable(item, nullable):
-                break
-        return found
-    found = set()
-    for child in children(node):
-        found |= _left_refs(child, nullable)
+    found: set[str] = set()
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, Ref):
+            found.add(current.name)
+        elif isinstance(current, Seq):
+            for item in current.items:
+                stack.append(item)
+                if not is_nullable(item, nullable):
+                    break
+        else:
+            stack.extend(children(current))
     return found
 
 
@@ -290,6 +298,9 @@ def _accept_table(ranges: tuple[tuple[int, int], ...]) -> bytes:
     return bytes(table)
 
 
+_ONE_BYTE = tuple(accept_table(((byte, byte),)) for byte in range(256))
+
+
 @functools.lru_cache(maxsize=256)
 def until_automaton(stops: tuple[bytes, ...]) -> tuple[list[dict[int, int]], int]:
     """Aho-Corasick DFA over bytes for 'text containing none of `stops`'.
@@ -341,7 +352,8 @@ def instruction_count(nodes: Iterable[Node], memo: dict[int, tuple[Node, int]] |
                       ) -> int:
     """How many instructions the compiler emits for `nodes`, plus one each (a rule's RET):
     exact, except that a list `item (sep item)*` counts its item twice (the compiler emits it
-    once), so never less. Arithmetic on the counts: nothing proportional to a repetition count
+    once) and a choice counts its alternatives whole (the compiler shares their common starts,
+    `grammars/alternation.py`), so never less. Arithmetic on the counts: nothing proportional to a repetition count
     is built. `memo` (by node identity, the node kept alive) may be shared between calls."""
     memo = {} if memo is None else memo
 
@@ -410,6 +422,20 @@ class _Compiler:
     def byte_instr(self, ranges: list[tuple[int, int]] | tuple[tuple[int, int], ...]) -> int:
         return self.emit(BYTE, accept=accept_table(ranges))
 
+    def literal(self, data: bytes) -> list[int]:
+        """One BYTE per byte of `data`, each leading to the next; the last one's pc. Emitted
+        in bulk: an enum of thousands of strings is mostly this."""
+        start, count = len(self.kind), len(data)
+        if start + count > self.max_instructions:
+            for _ in data:  # `emit` raises at the limit
+                self.emit(BYTE)
+        self.kind += [BYTE] * count
+        self.arg += range(start + 1, start + count + 1)
+        self.aux += [-1] * count
+        self.targets += [()] * count
+        self.accept += [_ONE_BYTE[byte] for byte in data]
+        return [start + count - 1]
+
     def compile(self) -> Program:
         # Entry: call the start rule, then accept.
         entry = self.emit(CALL)
@@ -438,14 +464,7 @@ class _Compiler:
         """Emit code for `node` at the current end; return the pcs whose `arg` must be
         patched to the code that follows. Code for a node always starts at the next pc."""
         if isinstance(node, Literal):
-            if not node.data:
-                return [self.emit(JUMP)]
-            exits: list[int] = []
-            for byte in node.data:
-                pc = self.byte_instr([(byte, byte)])
-                self.link(exits, pc)
-                exits = [pc]
-            return exits
+            return self.literal(node.data) if node.data else [self.emit(JUMP)]
         if isinstance(node, ByteClass):
             if not node.ranges:
                 raise GrammarError("empty byte class")
@@ -459,7 +478,7 @@ class _Compiler:
             items, i = node.items, 0
             while i < len(items):
                 self.link(exits, len(self.kind))
-                separator = _separator(items[i], items[i + 1]) if i + 1 < len(items) else None
+                separator = list_separator(items[i], items[i + 1]) if i + 1 < len(items) else None
                 if separator is not None:
                     exits = self.separated(items[i], separator)
                     i += 2
@@ -470,6 +489,9 @@ class _Compiler:
         if isinstance(node, Choice):
             if not node.alts:  # the empty union: an instruction that accepts no byte
                 return [self.emit(BYTE, accept=bytes(256))]
+            trie = alternation_trie(node.alts)
+            if trie is not None:
+                return self.alternation(trie)
             split = self.emit(SPLIT)
             starts: list[int] = []
             exits = []
@@ -490,12 +512,9 @@ class _Compiler:
         if isinstance(node, Until):
             return self.until(node)
         if isinstance(node, Capture):
-            if node.tag not in self.tags:
-                self.tags.append(node.tag)
-            tag = self.tags.index(node.tag)
-            self.emit(OPEN, aux=tag, arg=len(self.kind) + 1)
+            self.emit(OPEN, aux=self.tag(node.tag), arg=len(self.kind) + 1)
             exits = self.node(node.item)
-            close = self.emit(CLOSE, aux=tag)
+            close = self.emit(CLOSE, aux=self.tag(node.tag))
             self.link(exits, close)
             return [close]
         if isinstance(node, Trigger):
@@ -503,6 +522,63 @@ class _Compiler:
         if isinstance(node, JsonSchema):
             raise GrammarError("JsonSchema nodes must be expanded before compiling")
         raise GrammarError(f"cannot compile IR node {type(node).__name__}")
+
+    def tag(self, name: str) -> int:
+        """The number of capture tag `name`."""
+        if name not in self.tags:
+            self.tags.append(name)
+        return self.tags.index(name)
+
+    def alternation(self, trie: Alternation) -> list[int]:
+        """A choice as the trie of its alternatives (`pegmask.grammars.alternation`): a node
+        of several branches is a SPLIT whose targets read each branch's symbol, so a node
+        that branches on bytes is one parked thread. Walked from a work list, depth first: a
+        trie is as deep as its longest alternative."""
+        exits: list[int] = []
+        work: list[tuple[list[int], int, list[int]]] = [(list(range(len(trie))), 0, [])]
+        while work:
+            members, depth, incoming = work.pop()
+            if len(members) == 1:  # one alternative's rest
+                exits.extend(self.chain(trie.rest(members[0], depth), incoming))
+                continue
+            branches = trie.branches(members, depth)
+            if branches == [(None, None)] and incoming:  # they end where that symbol does
+                exits.extend(incoming)
+                continue
+            self.link(incoming, len(self.kind))
+            split = self.emit(SPLIT) if len(branches) > 1 else None
+            starts: list[int] = []
+            children: list[tuple[list[int], int, list[int]]] = []
+            for symbol, group in branches:
+                starts.append(len(self.kind))
+                if group is None:
+                    exits.append(self.emit(JUMP))
+                else:
+                    children.append((group, depth + 1, self.symbol(symbol)))
+            if split is not None:
+                self.targets[split] = tuple(starts)
+            work.extend(reversed(children))
+        return exits
+
+    def chain(self, symbols: bytes | tuple[Symbol, ...], incoming: list[int]) -> list[int]:
+        """Code for `symbols` one after another, entered from `incoming`; its exits."""
+        if isinstance(symbols, bytes):
+            if not symbols:
+                return incoming
+            self.link(incoming, len(self.kind))
+            return self.literal(symbols)
+        for symbol in symbols:
+            self.link(incoming, len(self.kind))
+            incoming = self.symbol(symbol)
+        return incoming
+
+    def symbol(self, symbol: Symbol) -> list[int]:
+        """Code for one symbol of an alternative (see `alternation.symbols`)."""
+        if isinstance(symbol, int):
+            return [self.emit(BYTE, accept=_ONE_BYTE[symbol])]
+        if isinstance(symbol, Mark):
+            return [self.emit(CLOSE if symbol.close else OPEN, aux=self.tag(symbol.tag))]
+        return self.node(symbol)
 
     def char_class(self, node: CharClass) -> list[int]:
         sequences = char_class_sequences(node)
@@ -616,18 +692,6 @@ class _Compiler:
         for pc, branches in zip(state_pc, branches_of, strict=False):
             self.targets[pc] = (*branches, exit_pc)
         return [exit_pc]
-
-
-def _separator(item: Node, following: Node) -> Node | None:
-    """`sep` where `following` is `(sep item)*` after `item` (the same node, or a reference
-    to the same rule, after a separator, any number of times); None otherwise."""
-    if not (isinstance(following, Repeat) and following.min == 0 and following.max is None
-            and isinstance(following.item, Seq) and len(following.item.items) > 1):
-        return None
-    *separator, last = following.item.items
-    if not (last is item or (isinstance(item, Ref) and last == item)):
-        return None
-    return seq(*separator)
 
 
 def _to_ranges(values: list[int]) -> list[tuple[int, int]]:

@@ -5,7 +5,7 @@
     pegmask chat                                    # interactive, streamed
     pegmask serve --host 127.0.0.1 --port 8000 [--model PATH]
     pegmask run-batch -i in.jsonl -o out.jsonl      # OpenAI request bodies, one per line
-    pegmask bench grammars|tools|e2e|serve [--quick] [ARGS...]  # benchmarks (pegmask.bench)
+    pegmask bench grammars|tools|e2e|serve|compile [--quick] [ARGS...]  # benchmarks
 
 `--model` takes a GGUF file or a local Hugging Face folder; without it the embedded
 SmolLM2-135M-Instruct runs. Nothing is downloaded.
@@ -26,7 +26,7 @@ from pegmask.grammars.limits import GrammarLimits
 
 # `pegmask bench` names from DESIGN.md -> modules of pegmask.bench
 BENCH_ALIASES = {"grammars": "grammar_bench", "tools": "tools_bench", "e2e": "decode_throughput",
-                 "serve": "serve_bench"}
+                 "serve": "serve_bench", "compile": "compile_scale"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -94,7 +94,7 @@ def _parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="benchmarks (pegmask.bench modules)",
                                 add_help=False)
     bench.add_argument("name", nargs="?",
-                       help="grammars, tools, e2e, serve, or a pegmask.bench module")
+                       help="grammars, tools, e2e, serve, compile, or a pegmask.bench module")
     bench.set_defaults(run=_bench)
     return parser
 

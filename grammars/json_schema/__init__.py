@@ -80,7 +80,7 @@ from pegmask.grammars.ir import (
     Seq,
     Trigger,
 )
-from pegmask.grammars.json_schema.emit import Emitter
+from pegmask.grammars.json_schema.emit import CommonRules, Emitter
 from pegmask.grammars.json_schema.lower import Lowering
 
 WHITESPACE_MODES = ("flexible", "compact")
@@ -94,6 +94,7 @@ def schema_to_rules(
     schema: dict[str, Any] | bool,
     *,
     prefix: str,
+    common: CommonRules | None = None,
     whitespace: str = "flexible",
     max_whitespace: int = DEFAULT_MAX_WHITESPACE,
     property_order: str = "schema",
@@ -107,7 +108,10 @@ def schema_to_rules(
     lengths, patterns, formats, enums), unescaped, as XML-parameter tool calls write them,
     never containing `raw_until` (the text that ends the value there).
 
-    Every rule name starts with `prefix`. Raises `SchemaError` for an invalid schema (with the
+    Every rule name starts with `prefix`, except those that depend on no schema, only on the
+    whitespace options (whitespace, any string, any value, numbers): those of `common` where
+    it is given, which schemas compiled into one grammar with the same whitespace share
+    (`expand_json_schemas`). Raises `SchemaError` for an invalid schema (with the
     JSON pointer of the offending subschema) and `UnsupportedSchemaError` for a keyword the
     grammar cannot enforce; see the module docstring for the options.
     """
@@ -124,7 +128,7 @@ def schema_to_rules(
     lowering = Lowering(schema, strict=strict, ignore=frozenset(ignore_keywords))
     try:
         root_schema = lowering.lower(schema, "")
-        emitter = Emitter(lowering, prefix=prefix,
+        emitter = Emitter(lowering, prefix=prefix, common=common,
                           max_whitespace=max_whitespace if whitespace == "flexible" else 0,
                           any_order_limit=ANY_ORDER_MAX_PROPERTIES if property_order == "any" else 1)
         if raw_until is not None:
@@ -141,7 +145,9 @@ def schema_to_rules(
 def expand_json_schemas(ir: GrammarIR) -> GrammarIR:
     """Replace every `JsonSchema` node by the rules of the JSON Schema front-end.
 
-    Only the grammar's own rules are rewritten, each distinct node once (by identity: hashing
+    Schemas with the same whitespace share the rules that depend on no schema (a dialect's
+    tools: one whitespace rule, not one per tool). Only the grammar's own rules are
+    rewritten, each distinct node once (by identity: hashing
     a frozen node rehashes its whole subtree, so a value-keyed memo costs more than it saves).
     The front-end's rules are taken as they are: they contain no `JsonSchema` node, and
     copying them took about a quarter of a large schema's compile time.
@@ -149,6 +155,7 @@ def expand_json_schemas(ir: GrammarIR) -> GrammarIR:
     extra: dict[str, Node] = {}
     cache: dict[JsonSchema, Node] = {}
     memo: dict[int, Node] = {}  # by id: `ir` keeps every node it rewrites alive meanwhile
+    commons: dict[int, CommonRules] = {}  # by whitespace
 
     def rewrite(node: Node) -> Node:
         key = id(node)
@@ -159,10 +166,14 @@ def expand_json_schemas(ir: GrammarIR) -> GrammarIR:
     def _rewrite(node: Node) -> Node:
         if isinstance(node, JsonSchema):
             if node not in cache:
-                prefix = f"json{len(cache)}"
+                options = dict(node.options)
+                spaces = (options.get("max_whitespace", DEFAULT_MAX_WHITESPACE)
+                          if options.get("whitespace", "flexible") == "flexible" else 0)
+                if spaces not in commons:
+                    commons[spaces] = CommonRules(f"json_w{spaces}")
                 root, rules = schema_to_rules(
-                    json.loads(node.schema_json), prefix=prefix, **dict(node.options)
-                )
+                    json.loads(node.schema_json), prefix=f"json{len(cache)}",
+                    common=commons[spaces], **options)
                 extra.update(rules)
                 cache[node] = root
             return cache[node]

@@ -81,16 +81,29 @@ _SMALL = 24  # nodes of up to about this many instructions are copied instead of
 _ANY_TEXT = Repeat(CharClass(((0, MAX_UNICODE),)), 0, None)
 
 
+class CommonRules:
+    """The rules that depend on no schema, only on the whitespace (whitespace, any string, any
+    value, numbers), named with `prefix`, and the size estimates of nodes: shared by the
+    schemas of one grammar (a dialect's hundreds of tools would each have a copy, two thirds
+    of their instructions), each emitter starting with the rules made before it."""
+
+    def __init__(self, prefix: str):
+        self.prefix = prefix
+        self.rules: dict[str, Node] = {}
+        self.sizes: dict[int, tuple[Node, int]] = {}  # see `program.instruction_count`
+
+
 class Emitter:
     """Emits the rules for one schema; every rule name starts with `prefix`."""
 
     def __init__(self, lowering: Lowering, *, prefix: str, max_whitespace: int,
-                 any_order_limit: int):
+                 any_order_limit: int, common: CommonRules | None = None):
         self.lowering = lowering
         self.algebra = lowering.algebra
         self.prefix = prefix
+        self.common = CommonRules(prefix) if common is None else common
         self.any_order_limit = any_order_limit  # objects with up to this many slots: any order
-        self.rules: dict[str, Node] = {}
+        self.rules: dict[str, Node] = dict(self.common.rules)
         self._ref_names: dict[tuple, str] = {}
         self._pending: list[tuple[tuple, str]] = []
         self._saw_never = False
@@ -99,7 +112,7 @@ class Emitter:
         self._classes: dict[tuple[tuple[int, int], ...], Node | None] = {}
         self._repeats: dict[tuple[Node, int, int | None], Node] = {}
         self._extras: dict[tuple, Node | None] = {}  # see `extra_member`
-        self._sizes: dict[int, tuple[Node, int]] = {}  # instruction counts by node identity
+        self._sizes = self.common.sizes  # instruction counts by node identity
         self.ws = self.shared("ws", lambda: Repeat(JSON_WHITESPACE, 0, max_whitespace)) if max_whitespace else EMPTY
         self.sep = seq(self.ws, Literal(b","), self.ws)
         self.colon = seq(self.ws, Literal(b":"), self.ws)
@@ -119,11 +132,12 @@ class Emitter:
         return name
 
     def shared(self, tag: str, build: Callable[[], Node]) -> Ref:
-        """The rule `prefix_tag`, built once (the builder may refer to the rule itself)."""
-        name = f"{self.prefix}_{tag}"
+        """The common rule `tag` (see `CommonRules`), built once (the builder may refer to
+        the rule itself)."""
+        name = f"{self.common.prefix}_{tag}"
         if name not in self.rules:
             self.rules[name] = EMPTY
-            self.rules[name] = build()
+            self.rules[name] = self.common.rules[name] = build()
         return Ref(name)
 
     def share(self, node: Node) -> Node:
@@ -206,8 +220,12 @@ class Emitter:
     def emit(self, schema: Schema) -> Node:
         if schema is ANY:
             return self.any_value()
-        consts = [a for a in schema.atoms if isinstance(a, ConstAtom)]
-        alts = [value_literal(a.value, self.ws) for a in consts]
+        consts = [a.value for a in schema.atoms if isinstance(a, ConstAtom)]
+        # Two JSON strings never match the same text (the first unescaped quote ends each), so
+        # their order ranks nothing: sorted, the strings that share a prefix are neighbours,
+        # and the compiler's trie shares their escaped characters too (`grammars.alternation`).
+        alts = [value_literal(value, self.ws) for value in consts if not isinstance(value, str)]
+        alts += [string_literal(value) for value in sorted(v for v in consts if isinstance(v, str))]
         alts += [self.atom(a) for a in schema.atoms if not isinstance(a, ConstAtom)]
         alts = [a for a in alts if not _is_never(a)]
         return choice(*alts) if alts else self.never()
@@ -234,7 +252,7 @@ class Emitter:
     # ----------------------------------------------------------------- any value
     def any_value(self) -> Ref:
         def build() -> Node:
-            value = Ref(f"{self.prefix}_any")
+            value = Ref(f"{self.common.prefix}_any")
             member = seq(self.any_string(), self.colon, value)
             members = seq(member, Repeat(seq(self.sep, member), 0, None), self.ws)
             items = seq(value, Repeat(seq(self.sep, value), 0, None), self.ws)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable
 from decimal import Decimal
 from functools import lru_cache
@@ -421,6 +422,8 @@ NOT_PLAIN = choice(CharClass(((0x7F, MAX_UNICODE),)), escape_part(ALL))
 
 def encode_text(text: str) -> Node:
     """The JSON spellings of the characters of `text` (without the quotes)."""
+    if _PLAIN_TEXT.fullmatch(text):  # most enum values and keys: one literal
+        return Literal(text.encode())
     parts: list[Node] = []
     plain = bytearray()
     for char in text:
@@ -431,13 +434,24 @@ def encode_text(text: str) -> Node:
         if plain:
             parts.append(Literal(bytes(plain)))
             plain.clear()
-        node = encode_ranges(((code, code),))
-        if node is None:  # a lone surrogate in the schema itself
-            raise ValueError(f"string contains a lone surrogate U+{code:04X}")
-        parts.append(node)
+        parts.append(_spelled(code))
     if plain:
         parts.append(Literal(bytes(plain)))
     return seq(*parts)
+
+
+_PLAIN_TEXT = re.compile(r"[\x20\x21\x23-\x2e\x30-\x5b\x5d-\x7e]*")
+
+
+@lru_cache(maxsize=4096)
+def _spelled(code: int) -> Node:
+    """The spellings of one character that has several. Memoized: the values of an enum then
+    hold the same node for the same character, and the compiler's trie of them shares it
+    (`pegmask.grammars.alternation`)."""
+    node = encode_ranges(((code, code),))
+    if node is None:  # a lone surrogate in the schema itself
+        raise ValueError(f"string contains a lone surrogate U+{code:04X}")
+    return node
 
 
 def encode_node(node: Node, encode_class: Callable[[Ranges], Node | None] = encode_ranges,
@@ -468,7 +482,10 @@ def encode_node(node: Node, encode_class: Callable[[Ranges], Node | None] = enco
 
 
 def string_literal(text: str) -> Node:
-    return seq(QUOTE, encode_text(text), QUOTE)
+    spelled = encode_text(text)
+    if isinstance(spelled, Literal):
+        return Literal(b'"' + spelled.data + b'"')
+    return seq(QUOTE, spelled, QUOTE)
 
 
 # ---------------------------------------------------------------------------- literal values

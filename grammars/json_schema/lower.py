@@ -18,6 +18,7 @@ from pegmask.grammars.json_schema.normal import (
     NEVER,
     Algebra,
     ArrayAtom,
+    AtomSet,
     BoolAtom,
     ConstAtom,
     KeyRules,
@@ -186,16 +187,16 @@ class Lowering:
             values = [schema["const"]] if "const" in schema else schema["enum"]
             if not isinstance(values, list):
                 raise SchemaError("enum must be an array", pointer)
-            atoms: list[ConstAtom] = []
+            atoms = AtomSet()
             try:
-                for value in values:
-                    atom = ConstAtom.of(value)
-                    if atom not in atoms and self.algebra.accepts(result, value):
-                        atoms.append(atom)
+                for value in values:  # (any schema takes any string: the usual enum)
+                    if (result is ANY and isinstance(value, str)
+                            or self.algebra.accepts(result, value)):
+                        atoms.add(ConstAtom.of(value))
             except PendingRef as exc:
                 raise UnsupportedSchemaError(
                     "enum", pointer, "next to a $ref back into an enclosing schema") from exc
-            result = Schema(tuple(atoms))
+            result = Schema(atoms.atoms())
         return result
 
     def _combinator(self, schema: dict[str, Any], keyword: str, pointer: str) -> Schema:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -126,18 +126,51 @@ NEVER = Schema(())
 MAX_ATOMS = 512
 
 
+class AtomSet:
+    """Atoms in the order they are added, each once. Constants are told apart by their key in
+    a set (an enum has thousands: comparing each with all was quadratic), the few other
+    atoms by equality."""
+
+    def __init__(self) -> None:
+        self._atoms: list[Atom] = []
+        self._keys: set[str] = set()
+        self._others: list[Atom] = []
+
+    def add(self, atom: Atom) -> None:
+        if isinstance(atom, ConstAtom):
+            if atom.key in self._keys:
+                return
+            self._keys.add(atom.key)
+        elif atom in self._others:
+            return
+        else:
+            self._others.append(atom)
+        self._atoms.append(atom)
+
+    def update(self, atoms: Iterable[Atom]) -> None:
+        for atom in atoms:
+            self.add(atom)
+
+    def atoms(self) -> tuple[Atom, ...]:
+        return tuple(self._atoms)
+
+
 def canonical_json(value: Any) -> str:
     """Text equal for JSON-equal values (1 and 1.0 alike, key order ignored)."""
-    def norm(v: Any) -> Any:
-        if isinstance(v, bool) or v is None or isinstance(v, str):
-            return v
-        if isinstance(v, (int, float)):
-            return {"$n": str(Decimal(repr(v)).normalize()) if v != 0 else "0"}
-        if isinstance(v, list):
-            return [norm(x) for x in v]
-        return {k: norm(x) for k, x in v.items()}
+    return json.dumps(_normalized(value), sort_keys=True, ensure_ascii=False)
 
-    return json.dumps(norm(value), sort_keys=True, ensure_ascii=False)
+
+def _normalized(value: Any) -> Any:
+    """`value` with numbers as their normalized decimal text (a function of the module, not
+    of each call: a nested one is a reference cycle, garbage for the collector, per enum
+    value)."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)):
+        return {"$n": str(Decimal(repr(value)).normalize()) if value != 0 else "0"}
+    if isinstance(value, list):
+        return [_normalized(x) for x in value]
+    return {k: _normalized(x) for k, x in value.items()}
 
 
 def is_number(value: Any) -> bool:
@@ -170,25 +203,37 @@ class Algebra:
     # ----------------------------------------------------------------- union / intersection
     @staticmethod
     def union(schemas: list[Schema]) -> Schema:
-        atoms: list[Atom] = []
+        atoms = AtomSet()
         for schema in schemas:
             if schema is ANY:
                 return ANY
-            atoms.extend(a for a in schema.atoms if a not in atoms)
-        return _checked(Schema(tuple(atoms)))
+            atoms.update(schema.atoms)
+        return _checked(Schema(atoms.atoms()))
 
     def intersect(self, a: Schema, b: Schema) -> Schema:
         if a is ANY or b is NEVER:
             return b
         if b is ANY or a is NEVER:
             return a
-        atoms: list[Atom] = []
+        # A constant of `a` meets at most one constant of `b` (the one of its key): looked up,
+        # not compared with each (two enums of thousands). Results keep the pairs' order.
+        at = {y.key: i for i, y in enumerate(b.atoms) if isinstance(y, ConstAtom)}
+        others = [(i, y) for i, y in enumerate(b.atoms) if not isinstance(y, ConstAtom)]
+        atoms = AtomSet()
         for x in a.atoms:
-            for y in b.atoms:
-                for atom in self._intersect_atoms(x, y):
-                    if atom not in atoms:
-                        atoms.append(atom)
-        return _checked(Schema(tuple(atoms)))
+            if not isinstance(x, ConstAtom):
+                for y in b.atoms:
+                    atoms.update(self._intersect_atoms(x, y))
+                continue
+            same = at.get(x.key)
+            for i, y in others:
+                if same is not None and same < i:
+                    atoms.add(x)
+                    same = None
+                atoms.update(self._intersect_atoms(x, y))
+            if same is not None:
+                atoms.add(x)
+        return _checked(Schema(atoms.atoms()))
 
     def _intersect_atoms(self, x: Atom, y: Atom) -> list[Atom]:
         if isinstance(x, RefAtom) and isinstance(y, RefAtom):
@@ -244,13 +289,19 @@ class Algebra:
     # ----------------------------------------------------------------- membership
     def accepts(self, schema: Schema, value: Any) -> bool:
         """Whether `value` is valid under `schema` (used to filter `enum` / `const`)."""
-        return any(self._accepts_atom(atom, value) for atom in schema.atoms)
+        key = None  # the value's canonical text, made once for all the constants
+        for atom in schema.atoms:
+            if isinstance(atom, ConstAtom):
+                key = canonical_json(value) if key is None else key
+                if atom.key == key:
+                    return True
+            elif self._accepts_atom(atom, value):
+                return True
+        return False
 
     def _accepts_atom(self, atom: Atom, value: Any) -> bool:
         if isinstance(atom, RefAtom):
             return self.accepts(self.expand_ref(atom), value)
-        if isinstance(atom, ConstAtom):
-            return atom.key == canonical_json(value)
         if isinstance(atom, NullAtom):
             return value is None
         if isinstance(atom, BoolAtom):
@@ -322,7 +373,9 @@ def _pointer_of(key: tuple) -> str:
 
 
 def _checked(schema: Schema) -> Schema:
-    if len(schema.atoms) > MAX_ATOMS:
+    """`schema`, unless combinators made it too many alternatives. Constants do not count:
+    there are only as many as the schema writes (an `anyOf` of thousands of `const`s)."""
+    if sum(not isinstance(a, ConstAtom) for a in schema.atoms) > MAX_ATOMS:
         raise SchemaError(f"schema combinators expand to more than {MAX_ATOMS} alternatives")
     return schema
 
