@@ -426,9 +426,6 @@ class _Compiler:
         """One BYTE per byte of `data`, each leading to the next; the last one's pc. Emitted
         in bulk: an enum of thousands of strings is mostly this."""
         start, count = len(self.kind), len(data)
-        if start + count > self.max_instructions:
-            for _ in data:  # `emit` raises at the limit
-                self.emit(BYTE)
         self.kind += [BYTE] * count
         self.arg += range(start + 1, start + count + 1)
         self.aux += [-1] * count
