@@ -41,3 +41,20 @@ class ParseError(ValueError):
     def __init__(self, message: str, position: int):
         self.position = position
         super().__init__(f"{message} at byte {position}")
+
+
+class GrammarTooLarge(GrammarError):
+    """A grammar past one of the budgets that bound what one request may cost the server.
+
+    `limit` names the budget (`compile_time`: seconds a compile may take; `compile_memory`:
+    bytes a compile may add to its worker process), `allowed` is its value and `value` what the
+    grammar reached, where known (a compile stopped at the budget never shows its full cost)."""
+
+    def __init__(self, limit: str, *, value: float | None = None, allowed: float,
+                 unit: str = ""):
+        self.limit = limit
+        self.allowed = allowed
+        self.value = value
+        reached = f" (reached {value:g}{unit})" if value is not None else ""
+        super().__init__(f"the grammar is too large: it exceeds the {limit} limit of "
+                         f"{allowed:g}{unit}{reached}")
