@@ -219,7 +219,7 @@ class Engine:
         self.vocab: Vocabulary = self.backend.vocab
         self.metrics = Metrics()
         # Started first: the workers' start-up overlaps the rest of the engine's.
-        self.compiles = CompileService(self.vocab, workers=compile_workers,
+        self.compile_service = CompileService(self.vocab, workers=compile_workers,
                                        timeout_s=compile_timeout_s,
                                        memory_bytes=compile_memory_bytes,
                                        on_compile=self.metrics.grammar_compiled)
@@ -264,7 +264,7 @@ class Engine:
         """Stop the decode loop and the compile workers; requests still running end with an
         error."""
         self.scheduler.close()
-        self.compiles.close()
+        self.compile_service.close()
 
     def __enter__(self) -> Engine:
         return self
@@ -535,7 +535,7 @@ class Engine:
         """`grammar` bound to this model's vocabulary (compiled in a worker and kept across
         requests: `CompileService`); compile errors, budgets included, become
         `InvalidRequestError`s about `param`."""
-        return self._checked(lambda: self.compiles.compile(grammar), param)
+        return self._checked(lambda: self.compile_service.compile(grammar), param)
 
     @staticmethod
     def _checked(build: Any, param: str) -> Any:

@@ -47,7 +47,7 @@ def wait_for(condition, what: str, timeout_s: float = 120) -> None:
 
 def test_a_compile_past_the_time_budget_is_a_400_naming_it(
         engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
-    workers = engine.compiles.workers
+    workers = engine.compile_service.workers
     assert workers is not None
     before = workers.pids
     monkeypatch.setattr(workers, "timeout_s", 0.2)
@@ -77,7 +77,7 @@ def chain(rules: int) -> Grammar:
 
 def test_a_slow_compile_holds_up_only_its_own_request_and_a_dead_worker_is_replaced(
         engine: Engine) -> None:
-    workers = engine.compiles.workers
+    workers = engine.compile_service.workers
     assert workers is not None
     outcome: dict[str, object] = {}
     endless = chain(200_000)  # half a minute or more: it is killed long before
@@ -121,17 +121,17 @@ def test_identical_grammars_asked_for_at_once_compile_once(engine: Engine) -> No
         start.wait()
         specs[i] = engine.prepare(requests[i])
 
-    before = engine.compiles.compiles
+    before = engine.compile_service.compiles
     threads = [threading.Thread(target=prepare, args=(i,)) for i in range(len(requests))]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(120)
-    assert engine.compiles.compiles == before + 1
+    assert engine.compile_service.compiles == before + 1
     assert specs[0].compiled is specs[1].compiled is specs[2].compiled
     # Kept: the same tools later are not compiled again.
     engine.prepare(engine.request(CHAT, response_format=form_format(300, "shared_")))
-    assert engine.compiles.compiles == before + 1
+    assert engine.compile_service.compiles == before + 1
 
 
 def test_a_compile_past_the_memory_budget_fails_naming_it() -> None:
