@@ -136,6 +136,7 @@ class Phase:
     samples: list[Sample]
     wall_s: float
     compiles: list[tuple[float, int]] = field(default_factory=list)  # (seconds, HTTP status)
+    compile_errors: list[str] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
         done = [s for s in self.samples if s.error is None]
@@ -149,6 +150,7 @@ class Phase:
             "compiles": len(self.compiles),
             "compiles_ok": sum(1 for _, status in self.compiles if status == 200),
             "compile_request_p50_s": quantile([s for s, _ in self.compiles], 0.5),
+            "compile_errors": sorted(set(self.compile_errors))[:3],
         }
 
     def gaps(self) -> list[float]:
@@ -169,7 +171,7 @@ async def ordinary(url: str, model: str, requests: int, max_tokens: int) -> list
 
 
 async def compiles_beside(url: str, model: str, objects: int, stop: asyncio.Event,
-                          results: list[tuple[float, int]]) -> None:
+                          results: list[tuple[float, int]], errors: list[str]) -> None:
     """Requests that each compile a new `form_schema(objects)`, back to back, until `stop`."""
     async with httpx.AsyncClient(base_url=url, timeout=None) as client:
         number = 0
@@ -181,6 +183,8 @@ async def compiles_beside(url: str, model: str, objects: int, stop: asyncio.Even
             started = time.perf_counter()
             response = await client.post("/v1/chat/completions", json=body)
             results.append((time.perf_counter() - started, response.status_code))
+            if response.status_code != 200:
+                errors.append(f"HTTP {response.status_code}: {response.text[:160]}")
 
 
 async def warm_up(url: str, model: str) -> None:
@@ -197,9 +201,11 @@ async def run_phase_with(url: str, model: str, name: str, requests: int, max_tok
     `lead_s` earlier so that a compile is under way from the first ordinary request on."""
     stop = asyncio.Event()
     compiles: list[tuple[float, int]] = []
+    errors: list[str] = []
     task = None
     if objects is not None:
-        task = asyncio.ensure_future(compiles_beside(url, model, objects, stop, compiles))
+        task = asyncio.ensure_future(compiles_beside(url, model, objects, stop, compiles,
+                                                     errors))
         await asyncio.sleep(lead_s)
     started = time.perf_counter()
     samples = await ordinary(url, model, requests, max_tokens)
@@ -207,7 +213,7 @@ async def run_phase_with(url: str, model: str, name: str, requests: int, max_tok
     stop.set()
     if task is not None:
         await task
-    return Phase(name, samples, wall, compiles)
+    return Phase(name, samples, wall, compiles, errors)
 
 
 def serve_and_run(extra: list[str], plan: list[tuple[str, int | None]], requests: int,
@@ -254,6 +260,9 @@ def report(phases: list[Phase], meta: dict[str, Any]) -> str:
             f"{milliseconds(r['ttft_p99_s'])} | {milliseconds(r['itl_p50_s'])} | "
             f"{milliseconds(r['itl_p99_s'])} | {_ratio(r['ttft_p99_s'], alone['ttft_p99_s'])} | "
             f"{_ratio(r['itl_p99_s'], alone['itl_p99_s'])} |")
+    errors = [f"{r['phase']}: {e}" for r in rows for e in r["compile_errors"]]
+    if errors:
+        lines += ["", "Compile requests that failed: " + "; ".join(errors)]
     isolated = rows[1] if len(rows) > 1 else None
     if isolated is not None:
         worst = max(_value(isolated[k], alone[k]) for k in

@@ -12,8 +12,11 @@ and steering need; the worker got the vocabulary's special-token ids at start), 
 back. The parent binds them to the vocabulary (`CompiledGrammar`, whose transitions and masks
 are made lazily, during decoding), so nothing left in the parent costs more than pickling.
 
-Budgets: a compile that takes longer than `timeout_s` has its worker killed and replaced, and
-fails with `GrammarTooLarge("compile_time")`; one that needs more than `memory_bytes` on top of
+Budgets: a compile that takes more than `timeout_s` of its worker's CPU time (or ten times
+that of wall time) has its worker killed and replaced, and fails with
+`GrammarTooLarge("compile_time")`; CPU time, because workers run at a lower priority than
+the decode loop (a compile gets the cores decoding leaves), and a grammar's verdict should
+not depend on how busy the server is; one that needs more than `memory_bytes` on top of
 the worker's own (its address space is limited: `RLIMIT_AS`) raises MemoryError there, or one
 whose worker dies, fails with `GrammarTooLarge("compile_memory")`. Either is the request's 400;
 the server goes on with a fresh worker.
@@ -26,6 +29,7 @@ imports (about 2 s), and replaced as soon as one is killed or dies.
 from __future__ import annotations
 
 import contextlib
+import os
 import queue
 import socket
 import subprocess
@@ -49,6 +53,12 @@ DEFAULT_COMPILE_TIMEOUT_S = 10.0
 DEFAULT_COMPILE_MEMORY_BYTES = 2 << 30
 # A worker's start (imports, before any grammar) is the server's cost, not a grammar's.
 _START_TIMEOUT_S = 120.0
+# The compile budget is CPU time, so that a grammar's verdict does not depend on the load (a
+# worker yields to decoding: it runs at a lower priority); past this many times the budget
+# in wall time, a starved compile ends all the same.
+_WALL_FACTOR = 10
+_POLL_S = 0.05  # how often a waiting request reads its worker's CPU time
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 # (outcome, seconds) after each compile: "ok", "invalid", "compile_time", "compile_memory",
 # "error" (a worker that could not start).
@@ -85,13 +95,28 @@ class _Worker:
             raise WorkerLost("a grammar compile worker ended before its job") from None
 
     def reply(self, timeout_s: float | None) -> tuple[Any, ...]:
-        """The worker's reply to the grammar sent; ("compile_time",) past `timeout_s` (the
-        worker is then killed), ("compile_memory",) if it died meanwhile."""
-        if not self.conn.poll(timeout_s):
-            self.kill()
-            return ("compile_time",)
+        """The worker's reply to the grammar sent; ("compile_time",) once it has spent
+        `timeout_s` of CPU time on it, or `_WALL_FACTOR` times that of wall time (the worker
+        is then killed); ("compile_memory",) if it died meanwhile."""
+        if timeout_s is not None:
+            spent = self._cpu_seconds
+            start, wall_deadline = spent(), time.monotonic() + _WALL_FACTOR * timeout_s
+            while not self.conn.poll(_POLL_S):
+                if spent() - start > timeout_s or time.monotonic() > wall_deadline:
+                    self.kill()
+                    return ("compile_time",)
         reply = self._receive()
         return ("compile_memory",) if reply is None else reply
+
+    def _cpu_seconds(self) -> float:
+        """The worker's CPU time so far (Linux's /proc; elsewhere, and once it has ended, the
+        wall clock stands in)."""
+        try:
+            with open(f"/proc/{self.process.pid}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            return time.monotonic()
+        return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime, stime
 
     def _receive(self) -> Any:
         try:

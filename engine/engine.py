@@ -184,9 +184,10 @@ class Engine:
     grammar costs now rather than in the first request.
 
     Grammars compile in `compile_workers` worker processes (0: in the caller's thread, without
-    budgets), each compile within `compile_timeout_s` seconds and `compile_memory_bytes` of
-    memory (None: unbounded); past either, the request fails with an `InvalidRequestError`
-    naming the limit (`GrammarTooLarge`: `compile_time`, `compile_memory`).
+    budgets), each compile within `compile_timeout_s` seconds of the worker's CPU time and
+    `compile_memory_bytes` of memory (None: unbounded); past either, the request fails with an
+    `InvalidRequestError` naming the limit (`GrammarTooLarge`: `compile_time`,
+    `compile_memory`).
     """
 
     def __init__(

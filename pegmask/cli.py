@@ -130,8 +130,9 @@ def _model_options(parser: argparse.ArgumentParser) -> None:
                              "budgets below)")
     parser.add_argument("--compile-timeout", dest="compile_timeout_s", type=_limit(float),
                         metavar="SECONDS", default=argparse.SUPPRESS,
-                        help="seconds one grammar's compile may take; past it the request is "
-                             "a 400 naming compile_time (default 10; 0: no limit)")
+                        help="CPU seconds one grammar's compile may take in its worker (10 "
+                             "times that of wall time at most); past it the request is a 400 "
+                             "naming compile_time (default 10; 0: no limit)")
     parser.add_argument("--compile-memory", dest="compile_memory_bytes", type=_limit(_size),
                         metavar="SIZE", default=argparse.SUPPRESS,
                         help="memory one grammar's compile may add to its worker (bytes, or "
