@@ -221,9 +221,9 @@ class Engine:
         self.metrics = Metrics()
         # Started first: the workers' start-up overlaps the rest of the engine's.
         self.compile_service = CompileService(self.vocab, workers=compile_workers,
-                                       timeout_s=compile_timeout_s,
-                                       memory_bytes=compile_memory_bytes,
-                                       on_compile=self.metrics.grammar_compiled)
+                                              timeout_s=compile_timeout_s,
+                                              memory_bytes=compile_memory_bytes,
+                                              on_compile=self.metrics.grammar_compiled)
         self.chat_template = chat_template or self.backend.chat_template
         name = detect_dialect(self.chat_template) if dialect == "auto" else dialect
         self.dialect_name = name
