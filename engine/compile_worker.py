@@ -42,24 +42,28 @@ def main(fd: int) -> None:
     while True:
         try:
             grammar: Grammar = conn.recv()
-        except EOFError:
+        except (EOFError, OSError):  # the parent hung up
             return
         reply = compile_job(grammar, special_ids)
         del grammar
         gc.collect()
         try:
-            conn.send(reply)
-        except MemoryError:
-            reply = ("compile_memory",)
-            conn.send(reply)
+            try:
+                conn.send(reply)
+            except MemoryError:
+                reply = ("compile_memory",)
+                conn.send(reply)
+        except OSError:  # the parent went away meanwhile
+            return
         if reply[0] == "compile_memory":
             return
 
 
 def compile_job(grammar: Grammar, special_ids: Mapping[str, int]) -> tuple[Any, ...]:
-    """A worker's job: ("ok", program, distances), ("invalid", message) or ("compile_memory",). The cyclic
-    collector is off meanwhile: a compile allocates millions of containers and no garbage
-    cycles worth a full collection every few hundred thousand of them."""
+    """A worker's job: ("ok", program, distances), ("invalid", message) or
+    ("compile_memory",). The cyclic collector is off meanwhile: a compile allocates millions
+    of containers and no garbage cycles worth a full collection every few hundred thousand
+    of them."""
     gc.disable()
     try:
         program = grammar.program
