@@ -203,8 +203,8 @@ class Phase:
             "clients": self.clients, "mode": self.mode, "requests": len(self.samples),
             "errors": len(self.samples) - len(done), "tokens": tokens,
             "wall_s": self.wall_s, "tokens_per_s": tokens / self.wall_s if self.wall_s else 0,
-            "ttft_p50_s": _quantile(ttft, 0.5), "ttft_p99_s": _quantile(ttft, 0.99),
-            "itl_p50_s": _quantile(gaps, 0.5), "itl_p99_s": _quantile(gaps, 0.99),
+            "ttft_p50_s": quantile(ttft, 0.5), "ttft_p99_s": quantile(ttft, 0.99),
+            "itl_p50_s": quantile(gaps, 0.5), "itl_p99_s": quantile(gaps, 0.99),
             "with_calls": len(calls), "calls_valid": valid,
             "probe_alone_s": self.probe_alone_s, "probe_loaded_s": self.probe_loaded_s,
         }
@@ -219,7 +219,7 @@ def _all_json_objects(arguments: list[str]) -> bool:
         return False
 
 
-def _quantile(values: list[float], q: float) -> float | None:
+def quantile(values: list[float], q: float) -> float | None:
     if not values:
         return None
     ordered = sorted(values)
@@ -356,8 +356,8 @@ def report(phases: list[Phase], meta: dict[str, Any]) -> str:
                  else "-")
         lines.append(
             f"| {r['clients']} | {r['mode']} | {r['requests']} | {r['errors']} | {r['tokens']} | "
-            f"{r['tokens_per_s']:.1f} | {speedup} | {_ms(r['ttft_p50_s'])} | "
-            f"{_ms(r['ttft_p99_s'])} | {_ms(r['itl_p50_s'])} | {_ms(r['itl_p99_s'])} | "
+            f"{r['tokens_per_s']:.1f} | {speedup} | {milliseconds(r['ttft_p50_s'])} | "
+            f"{milliseconds(r['ttft_p99_s'])} | {milliseconds(r['itl_p50_s'])} | {milliseconds(r['itl_p99_s'])} | "
             f"{calls} |")
     probes = [r for r in rows if r["probe_loaded_s"] is not None]
     if probes:
@@ -367,8 +367,8 @@ def report(phases: list[Phase], meta: dict[str, Any]) -> str:
                   "|---|---|---|---|---|"]
         for r in probes:
             ratio = (r["probe_loaded_s"] / r["probe_alone_s"]) if r["probe_alone_s"] else None
-            lines.append(f"| {r['clients']} | {r['mode']} | {_ms(r['probe_alone_s'])} | "
-                         f"{_ms(r['probe_loaded_s'])} | "
+            lines.append(f"| {r['clients']} | {r['mode']} | {milliseconds(r['probe_alone_s'])} | "
+                         f"{milliseconds(r['probe_loaded_s'])} | "
                          f"{f'{ratio:.2f}x' if ratio else '-'} |")
     errors = [e for r in rows for e in r["error_examples"]]
     if errors:
@@ -376,7 +376,7 @@ def report(phases: list[Phase], meta: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _ms(value: float | None) -> str:
+def milliseconds(value: float | None) -> str:
     return "-" if value is None else f"{value * 1000:.0f} ms"
 
 

@@ -5,7 +5,8 @@ tokenized, the output grammar (the dialect's, specialized to the request, or a s
 grammar) is compiled against the vocabulary (compiled grammars are shared across requests), and
 the output handler is chosen. Every error a request can cause surfaces there, in the caller's
 thread, as an `InvalidRequestError`; decoding itself does not raise. Preparing runs off the
-decode loop, so a new grammar never stalls the requests that decode.
+decode loop, and grammars compile in worker processes (engine/compile_service.py), so a new
+grammar never stalls the requests that decode, nor those that prepare.
 
 All decoding goes through one `Scheduler` (engine/scheduler.py): `generate`, `generate_batch`,
 streams and the server submit to it from any thread, and it batches whatever runs at once.
@@ -20,7 +21,7 @@ import re
 import threading
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import jinja2
 
@@ -36,6 +37,12 @@ from pegmask.dialects import (
 from pegmask.dialects.native import replay_text
 from pegmask.dialects.replay import ReplayMemory
 from pegmask.dialects.templating import render_chat_template
+from pegmask.engine.compile_service import (
+    DEFAULT_COMPILE_MEMORY_BYTES,
+    DEFAULT_COMPILE_TIMEOUT_S,
+    DEFAULT_COMPILE_WORKERS,
+    CompileService,
+)
 from pegmask.engine.decode import ChatOutput, DecodeStats, Delta, Row, RowSpec, TextOutput
 from pegmask.engine.metrics import Metrics
 from pegmask.engine.model import ModelBackend, load_backend
@@ -47,7 +54,7 @@ from pegmask.engine.requests import (
 )
 from pegmask.engine.scheduler import Event, Limits, Scheduler, Submission
 from pegmask.grammars import Grammar, GrammarLimits, GrammarTooLarge
-from pegmask.grammars.compiler import CompiledGrammar, GrammarCompiler
+from pegmask.grammars.compiler import CompiledGrammar
 from pegmask.grammars.vocab import Vocabulary
 
 logger = logging.getLogger("pegmask.engine")
@@ -62,6 +69,17 @@ _PREWARM_TOOL = {"type": "function", "function": {
         "kind": {"type": "string", "enum": ["a", "b"]},
     }, "required": ["text"]},
 }}
+
+
+class _Staged(NamedTuple):
+    """A request ready for its grammar's compile (`Engine._stage`)."""
+
+    request: GenerationRequest
+    prompt_ids: list[int]
+    prompt_text: str | None
+    max_new: int
+    grammar: Grammar | None
+    param: str  # the request field the grammar's errors are about
 
 
 @dataclass
@@ -166,6 +184,12 @@ class Engine:
     grammar costs now rather than in the first request. `grammar_limits` are the size budgets
     every request's grammar is compiled and closed under (a grammar past one is a bad request
     naming it: `GrammarTooLarge`).
+
+    Grammars compile in `compile_workers` worker processes (0: in the caller's thread, without
+    time and memory budgets), each compile within `compile_timeout_s` seconds of the worker's
+    CPU time and `compile_memory_bytes` of memory (None: unbounded); past either, the request
+    fails with an `InvalidRequestError` naming the limit (`GrammarTooLarge`: `compile_time`,
+    `compile_memory`).
     """
 
     def __init__(
@@ -186,6 +210,9 @@ class Engine:
         max_model_len: int | None = None,
         prewarm: bool = True,
         grammar_limits: GrammarLimits | None = None,
+        compile_workers: int = DEFAULT_COMPILE_WORKERS,
+        compile_timeout_s: float | None = DEFAULT_COMPILE_TIMEOUT_S,
+        compile_memory_bytes: int | None = DEFAULT_COMPILE_MEMORY_BYTES,
     ):
         self.backend: ModelBackend = load_backend(model, device=device, dtype=dtype)
         context = self.backend.context_length
@@ -194,6 +221,13 @@ class Engine:
                              f"({context}), not {max_model_len}")
         self.max_model_len = max_model_len or context
         self.vocab: Vocabulary = self.backend.vocab
+        self.metrics = Metrics()
+        # Started first: the workers' start-up overlaps the rest of the engine's.
+        self.compile_service = CompileService(self.vocab, workers=compile_workers,
+                                              timeout_s=compile_timeout_s,
+                                              memory_bytes=compile_memory_bytes,
+                                              limits=grammar_limits or GrammarLimits(),
+                                              on_compile=self.metrics.grammar_compiled)
         self.chat_template = chat_template or self.backend.chat_template
         name = detect_dialect(self.chat_template) if dialect == "auto" else dialect
         self.dialect_name = name
@@ -210,15 +244,14 @@ class Engine:
             # The dialect's own prompt format, for tools the model's template does not render.
             if self.dialect.native_renderer and not renders_tools(self.chat_template):
                 self._native = get_dialect(name, **options)
-        self._compiler = GrammarCompiler(self.vocab, limits=grammar_limits or GrammarLimits())
         self.strict_tool_arguments = strict_tool_arguments
-        # Preparing touches the dialect's and the compiler's caches: one request at a time.
+        # Rendering, tokenizing and building a request's grammar touch the dialect's caches and
+        # the tokenizer: one request at a time (milliseconds). Compiling is not under it.
         self._prepare_lock = threading.Lock()
         self.limits = Limits(max_running=max_running, max_queued=max_queued,
                              prefill_chunk=prefill_chunk, request_timeout_s=request_timeout_s,
                              prefix_cache=prefix_cache)
         self.stats = DecodeStats()
-        self.metrics = Metrics()
         self.runner = self.backend.runner(fp16_weights=fp16_weights)
         # The raw text of turns with tool calls, replayed when clients send the calls back.
         self.replay = ReplayMemory()
@@ -233,8 +266,10 @@ class Engine:
         return self.backend.name
 
     def close(self) -> None:
-        """Stop the decode loop; requests still running end with an error."""
+        """Stop the decode loop and the compile workers; requests still running end with an
+        error."""
         self.scheduler.close()
+        self.compile_service.close()
 
     def __enter__(self) -> Engine:
         return self
@@ -316,8 +351,9 @@ class Engine:
             raise InvalidRequestError(str(exc)) from exc
 
     def submit(self, request: GenerationRequest) -> Submission:
-        """Prepare `request` here (render, tokenize, compile) and queue it in the scheduler;
-        raises InvalidRequestError, or QueueFullError when the queue is full."""
+        """Prepare `request` here (render, tokenize, compile: this thread waits for its
+        grammar's compile in a worker) and queue it in the scheduler; raises
+        InvalidRequestError, or QueueFullError when the queue is full."""
         return self.scheduler.submit(self.prepare(request))
 
     def wait(self, submission: Submission) -> GenerationResult:
@@ -340,11 +376,38 @@ class Engine:
 
     # ----------------------------------------------------------------- preparation
     def prepare(self, request: GenerationRequest) -> RowSpec:
-        """Render, tokenize and compile: everything before the first forward."""
+        """Render, tokenize and compile: everything before the first forward. Requests take
+        turns to render and tokenize; their grammars compile side by side (or wait for the
+        same grammar's compile under way), so a slow compile holds up only its own request."""
         with self._prepare_lock:
-            return self._prepare(request)
+            staged = self._stage(request)
+        request, grammar = staged.request, staged.grammar
+        compiled = self.compiled(grammar, staged.param) if grammar is not None else None
+        dialect = self.dialect
+        if request.is_chat and request.grammar is None and dialect is not None:
+            chat, vocab = request.chat, self.vocab
+            assert compiled is not None
 
-    def _prepare(self, request: GenerationRequest) -> RowSpec:
+            def make_output() -> ChatOutput | TextOutput:
+                return ChatOutput(DialectStreamParser(compiled.grammar, chat, vocab,
+                                                      trusted=True))
+        else:
+            field_name = "content" if request.is_chat else "text"
+
+            def make_output() -> ChatOutput | TextOutput:
+                return TextOutput(self.vocab, field_name)
+        stop_ids = frozenset(self.vocab.eos_ids)
+        if compiled is not None:
+            stop_ids = frozenset(compiled.stop_ids)
+            if request.sampling.close_on_length:
+                self._checked(lambda: self._check_budget(compiled, staged.max_new), staged.param)
+        return RowSpec(staged.prompt_ids, request.sampling, staged.max_new, make_output,
+                       compiled, stop_ids, frozenset(self.vocab.eos_ids), self.backend.encode,
+                       staged.prompt_text)
+
+    def _stage(self, request: GenerationRequest) -> _Staged:
+        """Everything before the compile: the prompt's tokens, the request's checks, and the
+        grammar to compile with the request field its errors are about."""
         prompt_text = None
         if request.is_chat:
             prompt_text, native = self._render(request)
@@ -367,8 +430,6 @@ class Engine:
                 f"n={sampling.n} exceeds this server's {self.limits.max_running} running "
                 "sequences", "n")
         max_new = min(sampling.max_tokens, room)
-        compiled: CompiledGrammar | None = None
-        stop_ids = frozenset(self.vocab.eos_ids)
         if request.is_chat and self.dialect is None:
             request = self._plain_chat(request)
         dialect = self.dialect
@@ -377,26 +438,9 @@ class Engine:
             chat = request.chat
             param = "response_format" if chat.response_schema is not None else "tools"
             grammar = self._checked(lambda: dialect.grammar(chat), param)
-            compiled = self.compiled(grammar, param)
-            vocab = self.vocab
-
-            def make_output() -> ChatOutput:
-                return ChatOutput(DialectStreamParser(compiled.grammar, chat, vocab,
-                                                      trusted=True))
-        else:
-            field_name = "content" if request.is_chat else "text"
-            param = "grammar"
-            if request.grammar is not None:
-                compiled = self.compiled(request.grammar, param)
-
-            def make_output() -> TextOutput:
-                return TextOutput(self.vocab, field_name)
-        if compiled is not None:
-            stop_ids = frozenset(compiled.stop_ids)
-            if sampling.close_on_length:
-                self._checked(lambda: self._check_budget(compiled, max_new), param)
-        return RowSpec(prompt_ids, sampling, max_new, make_output, compiled, stop_ids,
-                       frozenset(self.vocab.eos_ids), self.backend.encode, prompt_text)
+            return _Staged(request, prompt_ids, prompt_text, max_new, grammar, param)
+        return _Staged(request, prompt_ids, prompt_text, max_new, request.grammar,
+                       request.grammar_param)
 
     @staticmethod
     def _plain_chat(request: GenerationRequest) -> GenerationRequest:
@@ -408,8 +452,9 @@ class Engine:
                 "this model's chat template writes no tool-call format pegmask knows, so tools "
                 "cannot be constrained or parsed; start the engine with dialect=", "tools")
         if request.grammar is None and chat.response_format is not None:
-            request = dataclasses.replace(request,
-                                          grammar=grammar_for_format(chat.response_format))
+            request = dataclasses.replace(
+                request, grammar=grammar_for_format(chat.response_format, compile=False),
+                grammar_param="response_format")
         return request
 
     @staticmethod
@@ -503,9 +548,10 @@ class Engine:
                                      replay_text(self.dialect_name, prompt, generated))
 
     def compiled(self, grammar: Grammar, param: str = "grammar") -> CompiledGrammar:
-        """`grammar` bound to this model's vocabulary (cached by the compiler; compile errors
-        become `InvalidRequestError`s about `param`)."""
-        return self._checked(lambda: self._compiler.compile(grammar), param)
+        """`grammar` bound to this model's vocabulary (compiled in a worker and kept across
+        requests: `CompileService`); compile errors, budgets included, become
+        `InvalidRequestError`s about `param`."""
+        return self._checked(lambda: self.compile_service.compile(grammar), param)
 
     @staticmethod
     def _checked(build: Any, param: str) -> Any:

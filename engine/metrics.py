@@ -47,6 +47,12 @@ class Metrics:
             buckets=_LATENCY_BUCKETS, registry=r)
         self.mask_seconds = Counter("pegmask_mask_seconds",
                                     "Time spent filling and applying token masks", registry=r)
+        self.grammar_compiles = Counter(
+            "pegmask_grammar_compiles", "Grammar compiles by outcome (ok, invalid, "
+            "compile_time, compile_memory, error)", ["outcome"], registry=r)
+        self.grammar_compile_seconds = Histogram(
+            "pegmask_grammar_compile_seconds", "Time a grammar's compile took (worker included)",
+            buckets=_LATENCY_BUCKETS, registry=r)
 
     def watch(self, scheduler: Scheduler) -> None:
         """Read the scheduler's rows and queue at each scrape."""
@@ -67,6 +73,11 @@ class Metrics:
             self.prompt_tokens.inc(len(submission.spec.prompt_ids))
             self.cached_prompt_tokens.inc(submission.cached_tokens)
             self.generation_tokens.inc(sum(len(row.generated) for row in submission.rows))
+
+    def grammar_compiled(self, outcome: str, seconds: float) -> None:
+        """(`CompileService`'s hook.)"""
+        self.grammar_compiles.labels(outcome=outcome).inc()
+        self.grammar_compile_seconds.observe(seconds)
 
     # ----------------------------------------------------------------- the server's
     def http(self, api: str, status: int) -> None:

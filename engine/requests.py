@@ -22,7 +22,8 @@ from typing import Any
 
 from pegmask.dialects.request import ChatRequest, RequestError
 from pegmask.grammars import Grammar
-from pegmask.grammars.ir import Literal, choice
+from pegmask.grammars.ir import Literal, choice, json_schema_node
+from pegmask.grammars.regex import regex_to_node
 
 DEFAULT_MAX_TOKENS = 512
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound
@@ -78,7 +79,8 @@ class SamplingParams:
 class GenerationRequest:
     """A validated request. Exactly one of `prompt` and `messages` is set. `grammar` constrains
     a completion's whole output, or a chat's content when a non-JSON format was asked for;
-    `chat` carries the answer-shaping options of a chat."""
+    `chat` carries the answer-shaping options of a chat. `grammar` is not compiled yet: the
+    engine compiles it in a worker process (engine/compile_service.py)."""
 
     prompt: str | None
     messages: list[dict[str, Any]] | None
@@ -86,6 +88,7 @@ class GenerationRequest:
     chat: ChatRequest | None = None
     grammar: Grammar | None = None
     template_kwargs: dict[str, Any] = field(default_factory=dict)
+    grammar_param: str = "grammar"  # the field `grammar` came from, for its compile errors
 
     @property
     def is_chat(self) -> bool:
@@ -149,8 +152,9 @@ def build_request(
         raise InvalidRequestError("pass either grammar or response_format, not both", "grammar")
     kind = _format_type(response_format)
     constraint = _grammar_arg(grammar) if grammar is not None else None
+    param = "grammar" if grammar is not None else "response_format"
     if kind in GRAMMAR_FORMATS:
-        constraint = grammar_for_format(response_format)
+        constraint = grammar_for_format(response_format, compile=False)
     if isinstance(prompt_or_messages, str):
         if not prompt_or_messages:
             raise InvalidRequestError("prompt is empty", "prompt")
@@ -158,8 +162,9 @@ def build_request(
             if value:
                 raise InvalidRequestError(f"{name} needs a chat (a list of messages)", name)
         if kind in ("json_schema", "json_object"):
-            constraint = grammar_for_format(response_format)
-        return GenerationRequest(prompt_or_messages, None, sampling, grammar=constraint)
+            constraint = grammar_for_format(response_format, compile=False)
+        return GenerationRequest(prompt_or_messages, None, sampling, grammar=constraint,
+                                 grammar_param=param)
     messages = _messages(prompt_or_messages)
     if tools is not None and not isinstance(tools, (list, tuple)):
         raise InvalidRequestError("tools must be a list", "tools")
@@ -184,15 +189,17 @@ def build_request(
     except RequestError as exc:
         raise InvalidRequestError(str(exc), exc.param) from exc
     return GenerationRequest(None, messages, sampling, chat=chat, grammar=constraint,
-                             template_kwargs=template_kwargs)
+                             template_kwargs=template_kwargs, grammar_param=param)
 
 
-def grammar_for_format(response_format: Mapping[str, Any]) -> Grammar:
+def grammar_for_format(response_format: Mapping[str, Any], *, compile: bool = True) -> Grammar:
     """The grammar a structured-output `response_format` asks for (json_schema, json_object,
-    regex, grammar, choice); cached, so repeated formats share one compiled grammar."""
+    regex, grammar, choice); cached, so repeated formats share one compiled grammar. With
+    `compile=False` only the front-end's parse runs now (the engine compiles in a worker
+    process), so errors of a schema or a grammar's rules surface at its compile."""
     kind = _format_type(response_format)
     if kind == "json_object":
-        return _grammar("json_schema", '{"type": "object"}', False)
+        return _grammar("json_schema", '{"type": "object"}', False, compile)
     if kind == "json_schema":
         spec = response_format.get("json_schema")
         if not isinstance(spec, Mapping) or not isinstance(spec.get("schema", {}), (dict, bool)):
@@ -201,28 +208,32 @@ def grammar_for_format(response_format: Mapping[str, Any]) -> Grammar:
                 "response_format",
             )
         # OpenAI's strict mode: objects take no properties beyond the declared ones.
-        return _grammar(kind, json.dumps(spec.get("schema", {})), bool(spec.get("strict")))
+        return _grammar(kind, json.dumps(spec.get("schema", {})), bool(spec.get("strict")),
+                        compile)
     value = response_format.get(kind)
     valid = (_string_list(value) and len(value) > 0) if kind == "choice" else isinstance(value, str)
     if not valid:
         expected = "a non-empty list of strings" if kind == "choice" else "a string"
         raise InvalidRequestError(f"response_format {kind!r} needs {expected} under {kind!r}",
                                   "response_format")
-    return _grammar(kind, json.dumps(value))
+    return _grammar(kind, json.dumps(value), False, compile)
 
 
 @functools.lru_cache(maxsize=64)
-def _grammar(kind: str, value_json: str, strict: bool = False) -> Grammar:
-    """Build (and compile, so errors show now) a grammar from a format's JSON payload."""
+def _grammar(kind: str, value_json: str, strict: bool, compile: bool) -> Grammar:
+    """Build a grammar from a format's JSON payload (and compile it, if asked, so that errors
+    show now)."""
     value = json.loads(value_json)
     try:
         if kind == "json_schema":
-            return Grammar.from_json_schema(value, strict=strict)
-        if kind == "regex":
-            return Grammar.from_regex(value)
-        if kind == "choice":
-            return Grammar.from_node(choice(*(Literal.of(item) for item in value)))
-        return Grammar.from_peg(value).compile()  # compiled now: a bad grammar is a bad request
+            grammar = Grammar.from_node(json_schema_node(value, strict=strict))
+        elif kind == "regex":
+            grammar = Grammar.from_node(regex_to_node(value))
+        elif kind == "choice":
+            grammar = Grammar.from_node(choice(*(Literal.of(item) for item in value)))
+        else:
+            grammar = Grammar.from_peg(value)
+        return grammar.compile() if compile else grammar
     except (ValueError, RecursionError) as exc:
         param = "grammar" if kind == "grammar" else "response_format"
         raise InvalidRequestError(f"invalid {kind}: {exc}", param) from exc
@@ -251,7 +262,7 @@ def _grammar_arg(grammar: Grammar | str) -> Grammar:
         return grammar
     if not isinstance(grammar, str):
         raise InvalidRequestError("grammar must be a Grammar or PEG text", "grammar")
-    return _grammar("grammar", json.dumps(grammar))
+    return _grammar("grammar", json.dumps(grammar), False, False)
 
 
 def _messages(messages: Any) -> list[dict[str, Any]]:

@@ -15,7 +15,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from pegmask.grammars.completion import Completions
+from pegmask.grammars.completion import Completions, Distances
 from pegmask.grammars.ir import JSON_WHITESPACE
 from pegmask.grammars.limits import DEFAULT_LIMITS, GrammarLimits
 from pegmask.grammars.masks import DEFAULT_MASK_CACHE_BYTES, TokenMasks
@@ -38,7 +38,8 @@ _SUCCESSORS_BYTES = 300  # a configuration's set of successors after plain text,
 class CompiledGrammar(TokenMasks):
     """A grammar bound to a vocabulary: shared transition tables and mask cache for all the
     matchers it creates (one matcher per generation). Its closing computations walk within
-    `grammar.limits`."""
+    `grammar.limits`. `distances`: the grammar's `program_distances` for this vocabulary,
+    where they were computed elsewhere (the engine's compile workers)."""
 
     def __init__(
         self,
@@ -48,9 +49,11 @@ class CompiledGrammar(TokenMasks):
         stop_token_ids: Iterable[int] | None = None,
         max_depth: int = DEFAULT_MAX_DEPTH,
         mask_cache_bytes: int = DEFAULT_MASK_CACHE_BYTES,
+        distances: Distances | None = None,
     ):
         super().__init__(grammar, vocab, max_depth, stop_token_ids=stop_token_ids,
                          mask_cache_bytes=mask_cache_bytes)
+        self._distances = distances
 
     def matcher(self) -> GrammarMatcher:
         return GrammarMatcher(self)
@@ -59,7 +62,8 @@ class CompiledGrammar(TokenMasks):
     def completions(self) -> Completions:
         """Shortest completions of this grammar's configurations (made on first use: the
         per-instruction distances are computed once per compiled grammar)."""
-        return Completions(self)
+        distances, self._distances = self._distances, None
+        return Completions(self, distances)
 
     @property
     def memory_bytes(self) -> int:
@@ -111,13 +115,25 @@ class GrammarCompiler:
         self._cache: OrderedDict[tuple, CompiledGrammar] = OrderedDict()
 
     def compile(self, grammar: Grammar) -> CompiledGrammar:
+        compiled = self.cached(grammar)
+        if compiled is None:
+            compiled = self.keep(CompiledGrammar(grammar.with_limits(self.limits), self.vocab,
+                                                 **self.options))
+        return compiled
+
+    def cached(self, grammar: Grammar) -> CompiledGrammar | None:
+        """The kept compiled form of `grammar` (now the most recently used), or None."""
         key = grammar.key
         compiled = self._cache.get(key)
-        if compiled is None:
-            compiled = self._cache[key] = CompiledGrammar(grammar.with_limits(self.limits),
-                                                          self.vocab, **self.options)
-        else:
+        if compiled is not None:
             self._cache.move_to_end(key)
+            self._evict()
+        return compiled
+
+    def keep(self, compiled: CompiledGrammar) -> CompiledGrammar:
+        """Keep `compiled` (made with this compiler's vocabulary and `options`, perhaps from a
+        program compiled elsewhere: the engine's compile workers); returns it."""
+        self._cache[compiled.grammar.key] = compiled
         self._evict()
         return compiled
 

@@ -54,6 +54,11 @@ from pegmask.grammars.program import (
 
 if TYPE_CHECKING:
     from pegmask.grammars.compiler import CompiledGrammar
+    from pegmask.grammars.spelling import SpellingLexer
+
+# Per instruction, the fewest symbols to its rule's return, and the instruction a shortest
+# path goes on to (`instruction_distances`).
+Distances = tuple[list[int], list[int]]
 
 UNREACHABLE = 1 << 62  # the distance where no completion exists
 # Finite figures are kept at most this: beyond any budget, a lower bound still, and two of
@@ -76,8 +81,7 @@ _PREFERRED = (b"abcdefghijklmnopqrstuvwxyz0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ "
               + bytes(range(0x80, 0x100)) + bytes(range(0x20)) + b"\x7f")
 
 
-def instruction_distances(program: Program, special_cost: Mapping[int, int]
-                          ) -> tuple[list[int], list[int]]:
+def instruction_distances(program: Program, special_cost: Mapping[int, int]) -> Distances:
     """Per instruction, the fewest symbols from it to its rule's return (RET, or MATCH for the
     start rule's caller), UNREACHABLE where none; and the instruction a shortest path goes on
     to (a SPLIT's chosen alternative; -1 for CALL, RET, MATCH and unreachable ones).
@@ -138,11 +142,21 @@ def instruction_distances(program: Program, special_cost: Mapping[int, int]
     return dist, via
 
 
+def program_distances(program: Program, lexer: SpellingLexer) -> Distances:
+    """`instruction_distances` where specials the vocabulary has cost one symbol and those it
+    lacks (spelled by `lexer`) their spelling's bytes: all a grammar's `Completions` need of
+    the vocabulary beforehand, so the engine computes them in its compile workers."""
+    cost = {SPECIAL_BASE + i: 1 for i in range(len(program.specials))}
+    cost.update({symbol: len(spelling) for spelling, symbol in lexer.spellings.items()})
+    return instruction_distances(program, cost)
+
+
 class Completions:
     """Distances, witnesses and plans of one compiled grammar's configurations (memoized per
-    configuration; see the module docstring)."""
+    configuration; see the module docstring). `distances`: `program_distances`, where they
+    were computed already."""
 
-    def __init__(self, compiled: CompiledGrammar):
+    def __init__(self, compiled: CompiledGrammar, distances: Distances | None = None):
         self.compiled = compiled
         program = compiled.program
         self.program = program
@@ -150,9 +164,7 @@ class Completions:
         # Specials the vocabulary has are one token; the others are written as their spelling.
         self.special_token = {symbol: token for token, symbol in compiled.special_symbol.items()}
         self.spelling = {symbol: spelling for spelling, symbol in lexer.spellings.items()}
-        cost = {SPECIAL_BASE + i: 1 for i in range(len(program.specials))}
-        cost.update({symbol: len(spelling) for symbol, spelling in self.spelling.items()})
-        self.dist, self.via = instruction_distances(program, cost)
+        self.dist, self.via = distances or program_distances(program, lexer)
         self.limits = compiled.grammar.limits
         self._longest = max(1, int(compiled.trie.height[0]))  # bytes of the longest token
         self._first_bytes = lexer.first_bytes

@@ -15,19 +15,21 @@ class GrammarError(ValueError):
 
 
 class GrammarTooLarge(GrammarError):
-    """A grammar past one of the size budgets of `GrammarLimits` (`limit` names the field:
-    "max_instructions", "max_completion_length"): `value` is what the grammar needs (at least),
-    `allowed` the budget. Raised before anything proportional to `value` is built, so that a
-    hostile count is an error, not a process that grows until the kernel kills it."""
+    """A grammar past one of the budgets that bound what one request may cost the server.
 
-    def __init__(self, limit: str, value: int, allowed: int, what: str):
+    `limit` names the budget: a size budget of `GrammarLimits` ("max_instructions",
+    "max_completion_length"), or the compile service's "compile_time" (CPU seconds a compile
+    may take) and "compile_memory" (what a compile may add to its worker). `allowed` is the
+    budget, `value` what the grammar needs (at least) or reached, where known: a size is
+    checked before anything proportional to it is built, and a compile stopped at its budget
+    never shows its full cost. The message names the limit and how to raise it."""
+
+    def __init__(self, limit: str, message: str, *, allowed: float,
+                 value: float | None = None):
         self.limit = limit
-        self.value = value
         self.allowed = allowed
-        flag = "--grammar-" + limit.replace("_", "-")
-        super().__init__(f"grammar too large: {what} ({value} > {limit}={allowed}; raise it "
-                         f"with GrammarLimits({limit}=...), Engine(grammar_limits=...) or "
-                         f"`pegmask serve {flag}`)")
+        self.value = value
+        super().__init__(message)
 
 
 class SchemaError(GrammarError):

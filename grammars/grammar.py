@@ -96,6 +96,12 @@ class Grammar:
         _ = self.program
         return self
 
+    def adopt(self, program: Program) -> Grammar:
+        """Take `program`, compiled from this grammar's IR in another process (the engine's
+        compile workers), as this grammar's program; returns self."""
+        self._program = program
+        return self
+
     @property
     def key(self) -> tuple:
         """A hashable identity of the grammar's language and captures (for caches)."""

@@ -36,7 +36,11 @@ class GrammarLimits:
         """Raise `GrammarTooLarge` where `value` is past the budget named `limit`."""
         allowed = getattr(self, limit)
         if value > allowed:
-            raise GrammarTooLarge(limit, value, allowed, what)
+            flag = "--grammar-" + limit.replace("_", "-")
+            raise GrammarTooLarge(
+                limit, f"grammar too large: {what} ({value} > {limit}={allowed}; raise it with "
+                f"GrammarLimits({limit}=...), Engine(grammar_limits=...) or "
+                f"`pegmask serve {flag}`)", allowed=allowed, value=value)
 
 
 DEFAULT_LIMITS = GrammarLimits()

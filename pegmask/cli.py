@@ -18,7 +18,7 @@ import importlib
 import json
 import pkgutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +134,45 @@ def _model_options(parser: argparse.ArgumentParser) -> None:
                         help="bytes (and special tokens) of the shortest output that closes "
                              "a request's grammar, which close_on_length walks (default "
                              f"{limits.max_completion_length}; more: a 400 naming the limit)")
+    # Left out unless given: the Engine's defaults (engine/compile_service.py) hold.
+    parser.add_argument("--compile-workers", type=int, default=argparse.SUPPRESS,
+                        help="processes that compile grammars, so that no compile holds up "
+                             "decoding (default 1; 0: compile in this process, without the "
+                             "budgets below)")
+    parser.add_argument("--compile-timeout", dest="compile_timeout_s", type=_limit(float),
+                        metavar="SECONDS", default=argparse.SUPPRESS,
+                        help="CPU seconds one grammar's compile may take in its worker (10 "
+                             "times that of wall time at most); past it the request is a 400 "
+                             "naming compile_time (default 10; 0: no limit)")
+    parser.add_argument("--compile-memory", dest="compile_memory_bytes", type=_limit(_size),
+                        metavar="SIZE", default=argparse.SUPPRESS,
+                        help="memory one grammar's compile may add to its worker (bytes, or "
+                             "with KiB, MiB, GiB); past it the request is a 400 naming "
+                             "compile_memory (default 2GiB; 0: no limit)")
+
+
+def _size(text: str) -> int:
+    """Bytes from `123`, `512MiB`, `2GiB` (or KiB)."""
+    units = {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
+    lowered = text.strip().lower()
+    for unit, factor in units.items():
+        if lowered.endswith(unit):
+            return int(float(lowered[:-len(unit)]) * factor)
+    return int(lowered)
+
+
+def _limit(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An option's parser where 0 means no limit (None)."""
+    def parsed(text: str) -> Any:
+        try:
+            value = parse(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"must not be negative: {text!r}")
+        return value or None
+
+    return parsed
 
 
 def _sampling_options(parser: argparse.ArgumentParser) -> None:
@@ -152,6 +191,9 @@ def _engine(args: argparse.Namespace) -> Any:
         torch.set_num_threads(args.threads)
     from pegmask.engine import Engine
 
+    compile_options = {name: getattr(args, name) for name in
+                       ("compile_workers", "compile_timeout_s", "compile_memory_bytes")
+                       if hasattr(args, name)}
     return Engine(args.model, device=args.device, dtype=args.dtype, dialect=args.dialect,
                   max_running=args.max_running, max_queued=args.max_queued,
                   prefill_chunk=args.prefill_chunk, prefix_cache=args.prefix_cache,
@@ -160,7 +202,8 @@ def _engine(args: argparse.Namespace) -> Any:
                   max_model_len=args.max_model_len,
                   grammar_limits=GrammarLimits(
                       max_instructions=args.grammar_max_instructions,
-                      max_completion_length=args.grammar_max_completion_length))
+                      max_completion_length=args.grammar_max_completion_length),
+                  **compile_options)
 
 
 def _sampling(args: argparse.Namespace) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import json
 import logging
@@ -117,13 +118,15 @@ class ServerContext:
 
     async def start(self, source: Any, options: Mapping[str, Any],
                     fields: Mapping[str, str] | None = None) -> GenerationStream:
-        """Validate `Engine.generate`'s arguments, then prepare and queue the request in a
-        worker thread (rendering and compiling a grammar never block the event loop). Errors
-        are raised here, before any response is sent; `fields` maps the engine's option names
-        to the API's own, so that an error names the field the client sent."""
+        """Validate `Engine.generate`'s arguments, then prepare and queue the request, in a
+        worker thread (parsing a grammar, rendering, and waiting for a grammar's compile in
+        its worker process never block the event loop). Errors are raised here, before any
+        response is sent; `fields` maps the engine's option names to the API's own, so that
+        an error names the field the client sent."""
         engine = self.engine
         with _api_fields(fields):
-            request = engine.request(source, **options)
+            request = await run_in_threadpool(functools.partial(engine.request, source,
+                                                                **options))
             submission = await run_in_threadpool(engine.submit, request)
         return GenerationStream(engine, submission, request.is_chat)
 
@@ -131,7 +134,8 @@ class ServerContext:
                             fields: Mapping[str, str] | None = None) -> int:
         """How many tokens the request's prompt takes (`start`'s validation, no decoding)."""
         with _api_fields(fields):
-            request = self.engine.request(source, **options)
+            request = await run_in_threadpool(functools.partial(self.engine.request, source,
+                                                                **options))
             return await run_in_threadpool(self.engine.prompt_tokens, request)
 
     async def finish(self, http: Request, stream: GenerationStream) -> GenerationResult:
