@@ -22,7 +22,7 @@ from pegmask.bench.isolation import form_format, form_schema  # noqa: E402
 from pegmask.dialects import ChatRequest, get_dialect  # noqa: E402
 from pegmask.engine.compile_service import CompileService, CompileWorkers  # noqa: E402
 from pegmask.engine.requests import InvalidRequestError  # noqa: E402
-from pegmask.grammars import Grammar, GrammarTooLarge  # noqa: E402
+from pegmask.grammars import Grammar, GrammarLimits, GrammarTooLarge  # noqa: E402
 from pegmask.grammars.ir import GrammarIR, Literal, Ref, choice, json_schema_node, seq  # noqa: E402
 
 CHAT = [{"role": "user", "content": "Fill in the form."}]
@@ -33,7 +33,8 @@ SLOW = 1000
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[Engine]:
-    engine = Engine(compile_timeout_s=120)
+    # Instruction budget raised: `chain` grammars stay legal, so that only time stops them.
+    engine = Engine(compile_timeout_s=120, grammar_limits=GrammarLimits(max_instructions=10**9))
     yield engine
     engine.close()
 
@@ -72,7 +73,8 @@ def chain(rules: int) -> Grammar:
     ir = {f"r{i}": choice(seq(Literal.of(f"a{i}"), Ref(f"r{i + 1}")), Literal.of(f"b{i}"))
           for i in range(rules)}
     ir[f"r{rules}"] = Literal.of("end")
-    return Grammar(GrammarIR({"root": Ref("r0"), **ir}), max_instructions=10**9)
+    return Grammar(GrammarIR({"root": Ref("r0"), **ir}),
+                   limits=GrammarLimits(max_instructions=10**9))
 
 
 def test_a_slow_compile_holds_up_only_its_own_request_and_a_dead_worker_is_replaced(
