@@ -5,6 +5,7 @@ and the first configuration grow with the trie, not with the alternatives."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import random
@@ -41,15 +42,25 @@ def flat(node: Node) -> Grammar:
 
 
 def outcome(grammar: Grammar, text: str) -> object:
-    """What parsing `text` reports: the events as fed byte by byte and the capture tree, or
-    the error's position."""
+    """What parsing `text` reports: the events as fed byte by byte (a capture's text as one
+    piece between its other events: where a text event is cut depends on when derivations
+    agree, which the trie may decide a byte sooner) and the capture tree, or the error's
+    position."""
     parser = grammar.stream_parser()
     try:
         events = [e for byte in text.encode() for e in parser.feed_bytes(bytes((byte,)))]
         events += parser.finish()
     except ParseError as exc:
         return ("error", exc.position)
-    return events, parser.result().root
+    joined: list = []
+    for event in events:
+        last = joined[-1] if joined else None
+        if (event.kind == "text" and last is not None and last.kind == "text"
+                and last.path == event.path):
+            joined[-1] = dataclasses.replace(last, text=last.text + event.text)
+        else:
+            joined.append(event)
+    return joined, parser.result().root
 
 
 AB = CharClass(((ord("a"), ord("b")),))  # one object in several alternatives: shared
