@@ -249,14 +249,15 @@ def report(phases: list[Phase], meta: dict[str, Any]) -> str:
         f"grammar of {meta['objects']} nested objects ({meta['compile_s']:.2f} s in one "
         f"worker, measured before the server started; compile budget "
         f"{meta['compile_timeout_s']:g} s).", "",
-        "| phase | requests | errors | compiles beside (ok) | TTFT p50 | TTFT p99 | ITL p50 | "
-        "ITL p99 | TTFT p99 / alone | ITL p99 / alone |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| phase | requests | errors | compiles beside (ok) | compile request p50 | TTFT p50 | "
+        "TTFT p99 | ITL p50 | ITL p99 | TTFT p99 / alone | ITL p99 / alone |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['phase']} | {r['requests']} | {r['errors']} | "
-            f"{r['compiles']} ({r['compiles_ok']}) | {milliseconds(r['ttft_p50_s'])} | "
+            f"{r['compiles']} ({r['compiles_ok']}) | "
+            f"{milliseconds(r['compile_request_p50_s'])} | {milliseconds(r['ttft_p50_s'])} | "
             f"{milliseconds(r['ttft_p99_s'])} | {milliseconds(r['itl_p50_s'])} | "
             f"{milliseconds(r['itl_p99_s'])} | {_ratio(r['ttft_p99_s'], alone['ttft_p99_s'])} | "
             f"{_ratio(r['itl_p99_s'], alone['itl_p99_s'])} |")
@@ -269,7 +270,9 @@ def report(phases: list[Phase], meta: dict[str, Any]) -> str:
                     ("ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s"))
         verdict = "within" if worst <= TARGET else "NOT within"
         lines += ["", f"Beside compiles in workers, the worst of the four figures is "
-                      f"{worst:.2f}x the alone phase's: {verdict} the {TARGET}x target."]
+                      f"{worst:.2f}x the alone phase's: {verdict} the {TARGET}x target. "
+                      "The compile requests pay for it: their workers yield the cores to "
+                      "decoding (compile request p50)."]
     return "\n".join(lines) + "\n"
 
 
