@@ -68,24 +68,6 @@ MINIMUM = {"typing_extensions": "4.16.0", "anyio": "4.1.0", "click": "7.0", "h11
 IMPORTS = ["lark", "pydantic", "pydantic_core", "fastapi", "starlette", "uvicorn", "anyio",
            "h11", "click", "tqdm", "httpx", "prometheus_client", "jinja2", "tokenizers"]
 
-TOOLS = [
-    {"name": "get_weather", "description": "Current weather in a city",
-     "parameters": {"type": "object", "properties": {
-         "city": {"type": "string"},
-         "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-     }, "required": ["city"]}},
-    {"name": "search_flights", "description": "Flights between two cities on a date",
-     "parameters": {"type": "object", "properties": {
-         "origin": {"type": "string"}, "destination": {"type": "string"},
-         "date": {"type": "string"}, "passengers": {"type": "integer"},
-     }, "required": ["origin", "destination"]}},
-]
-QUESTIONS = [
-    "What is the weather like in Paris today?",
-    "Find me a flight from Oslo to Rome next Friday.",
-    "How warm is it in Tokyo right now, in celsius?",
-    "Book a flight from Lima to Quito for two people.",
-]
 CITY_SCHEMA = {"type": "object", "properties": {
     "name": {"type": "string"},
     "population_millions": {"type": "number"},
@@ -602,6 +584,9 @@ def _sampling_timings(kernels: Any, vocabs: list[int], device: str, cuda: bool,
 
 # --------------------------------------------------------------------------- decode
 def _requests(mode: str, batch: int, max_tokens: int, temperature: float) -> list[dict]:
+    # The serve bench's tools and questions (imported here: `install` runs before pegmask can be).
+    from pegmask.bench.serve_bench import QUESTIONS, TOOLS
+
     requests = []
     for i in range(batch):
         question = QUESTIONS[i % len(QUESTIONS)] + f" (request {i})"
