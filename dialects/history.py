@@ -4,6 +4,10 @@ OpenAI Chat Completions messages, Responses API input items and Anthropic Messag
 same things (text, reasoning, tool calls with ids, results tied to those ids) in three shapes. Every
 prompt renderer (model templates and native dialect renderers) reads this one shape instead, so a
 call, its arguments or its result can never be lost or re-encoded on the way.
+
+Renderers read histories leniently (a result without an id answers the first unanswered call).
+Servers pass ``strict=True``: a tool result that answers no call is refused with its API's own
+rule and wording, where the model would otherwise read a result out of nowhere.
 """
 
 from __future__ import annotations
@@ -272,14 +276,24 @@ def _reasoning_of(message: Mapping[str, Any]) -> str | None:
     return None
 
 
-def from_chat_completions(messages: Iterable[Mapping[str, Any]]) -> History:
-    """Normalize OpenAI Chat Completions ``messages``."""
+def from_chat_completions(
+    messages: Iterable[Mapping[str, Any]], *, strict: bool = False
+) -> History:
+    """Normalize OpenAI Chat Completions ``messages``.
+
+    ``strict``: OpenAI's rule, a tool message answers the ``tool_calls`` of the assistant message
+    before it (other tool messages may come between), and its ``tool_call_id`` is one of them.
+    """
     builder = _Builder()
-    for raw in messages:
+    answerable: set[str] = set()  # the call ids the next tool messages may answer
+    for index, raw in enumerate(messages):
         role = raw.get("role")
+        if strict and role in ("tool", "function"):
+            _check_chat_result(index, raw, answerable)
         if role in ("system", "developer", "user"):
             text, parts = _content(raw.get("content"))
             builder.add(Message(role, text, parts=parts, name=raw.get("name")))
+            answerable = set()
         elif role == "assistant":
             text, parts = _content(raw.get("content"))
             message = builder.add(
@@ -292,13 +306,22 @@ def from_chat_completions(messages: Iterable[Mapping[str, Any]]) -> History:
                 )
             )
             for call in raw.get("tool_calls") or ():
-                function = call.get("function") or {}
+                function = call.get("function") if isinstance(call, Mapping) else None
+                if function is None:
+                    function = {}
+                if not isinstance(call, Mapping) or not isinstance(function, Mapping):
+                    raise HistoryError(
+                        f"a tool call must be an object with a function, got {call!r}"
+                    )
                 builder.add_call(
                     message, call.get("id"), function.get("name", ""), function.get("arguments")
                 )
             legacy = raw.get("function_call")
-            if legacy:
+            if legacy is not None:
+                if not isinstance(legacy, Mapping):
+                    raise HistoryError(f"function_call must be an object, got {legacy!r}")
                 builder.add_call(message, None, legacy.get("name", ""), legacy.get("arguments"))
+            answerable = {call.id for call in message.tool_calls}
         elif role == "tool":
             builder.add_result(raw.get("tool_call_id"), raw.get("content"), name=raw.get("name"))
         elif role == "function":
@@ -308,27 +331,56 @@ def from_chat_completions(messages: Iterable[Mapping[str, Any]]) -> History:
     return builder.history()
 
 
+def _check_chat_result(index: int, raw: Mapping[str, Any], answerable: set[str]) -> None:
+    """A tool (or legacy function) message must answer the assistant message before it."""
+    if not answerable:
+        raise HistoryError(
+            f"messages[{index}]: messages with role {raw.get('role')!r} must be a response to a "
+            "preceding message with 'tool_calls'"
+        )
+    call_id = raw.get("tool_call_id")
+    if isinstance(call_id, str) and call_id not in answerable:
+        raise HistoryError(
+            f"messages[{index}]: tool_call_id {call_id!r} is not among the 'tool_calls' of the "
+            "preceding assistant message"
+        )
+
+
 # ---------------------------------------------------------------------------------------------
 # OpenAI Responses API
 # ---------------------------------------------------------------------------------------------
 
 
 def _reasoning_item_text(item: Mapping[str, Any]) -> str:
-    content = [p.get("text") or "" for p in item.get("content") or () if isinstance(p, Mapping)]
+    content = _reasoning_parts(item, "content")
     if content:
         return "\n".join(content)
-    return "\n\n".join(
-        p.get("text") or "" for p in item.get("summary") or () if isinstance(p, Mapping)
-    )
+    return "\n\n".join(_reasoning_parts(item, "summary"))
+
+
+def _reasoning_parts(item: Mapping[str, Any], key: str) -> list[str]:
+    """The texts of a reasoning item's ``content`` or ``summary`` parts."""
+    parts = item.get(key)
+    if parts is None:
+        return []
+    if not isinstance(parts, list) or not all(
+        isinstance(part, Mapping) and isinstance(part.get("text") or "", str) for part in parts
+    ):
+        raise HistoryError(f"a reasoning item's {key} must be a list of text parts, got {parts!r}")
+    return [part.get("text") or "" for part in parts]
 
 
 def from_responses(
-    items: str | Iterable[Mapping[str, Any]], instructions: str | None = None
+    items: str | Iterable[Mapping[str, Any]],
+    instructions: str | None = None,
+    *,
+    strict: bool = False,
 ) -> History:
     """Normalize Responses API ``input`` (a string or items) and its ``instructions``.
 
     Reasoning, assistant text and function calls that follow each other form one assistant turn,
-    as the model produced them.
+    as the model produced them. ``strict``: OpenAI's rule, an output's ``call_id`` is that of an
+    earlier call.
     """
     builder = _Builder()
     if instructions:
@@ -336,7 +388,7 @@ def from_responses(
     if isinstance(items, str):
         builder.add(Message("user", items))
         return builder.history()
-    for item in items:
+    for index, item in enumerate(items):
         kind = item.get("type", "message" if "role" in item else None)
         last = builder.last_assistant()
         if kind == "message":
@@ -366,7 +418,14 @@ def from_responses(
                 message, item.get("call_id") or item.get("id"), item.get("name", ""), arguments
             )
         elif kind in ("function_call_output", "custom_tool_call_output"):
-            builder.add_result(item.get("call_id"), item.get("output"))
+            call_id = item.get("call_id")
+            if strict and call_id is None:
+                raise HistoryError(f"input[{index}]: a {kind} needs the call_id of its call")
+            if strict and isinstance(call_id, str) and call_id not in builder.calls:
+                raise HistoryError(
+                    f"No tool call found for function call output with call_id {call_id}."
+                )
+            builder.add_result(call_id, item.get("output"))
         else:
             raise HistoryError(f"unsupported Responses input item type {kind!r}")
     return builder.history()
@@ -389,17 +448,21 @@ def _block_content(blocks: Sequence[Mapping[str, Any]]) -> tuple[str, list[dict[
     return text, parts if any(block.get("type") != "text" for block in blocks) else None
 
 
-def from_anthropic(messages: Iterable[Mapping[str, Any]], system: Any = None) -> History:
+def from_anthropic(
+    messages: Iterable[Mapping[str, Any]], system: Any = None, *, strict: bool = False
+) -> History:
     """Normalize Anthropic Messages (``tool_use`` / ``tool_result`` / ``thinking`` blocks).
 
     A user turn holding tool results becomes tool messages and user text in block order, so text
-    between results stays where the client put it.
+    between results stays where the client put it. ``strict``: Anthropic's rule, each
+    ``tool_result`` answers a ``tool_use`` block of the message before it.
     """
     builder = _Builder()
     if system:
         text, parts = _content(system)
         builder.add(Message("system", text, parts=parts))
-    for raw in messages:
+    previous: set[str] = set()  # the tool_use ids of the previous message
+    for index, raw in enumerate(messages):
         role = raw.get("role")
         content = raw.get("content")
         if role not in ("user", "assistant"):
@@ -427,7 +490,11 @@ def from_anthropic(messages: Iterable[Mapping[str, Any]], system: Any = None) ->
                     shown.append(block)
             message.content, message.parts = _block_content(shown)
             message.reasoning = "\n\n".join(thoughts) if thoughts else None
+            previous = {call.id for call in message.tool_calls}
             continue
+        if strict:
+            _check_anthropic_results(index, blocks, previous)
+        previous = set()
         for is_result, run in groupby(blocks, key=lambda b: b.get("type") == "tool_result"):
             if not is_result:
                 text, parts = _block_content(list(run))
@@ -440,6 +507,25 @@ def from_anthropic(messages: Iterable[Mapping[str, Any]], system: Any = None) ->
                     is_error=bool(block.get("is_error")),
                 )
     return builder.history()
+
+
+def _check_anthropic_results(
+    index: int, blocks: Sequence[Mapping[str, Any]], previous: set[str]
+) -> None:
+    """Each ``tool_result`` block must answer a ``tool_use`` of the previous message."""
+    for position, block in enumerate(blocks):
+        if block.get("type") != "tool_result":
+            continue
+        where = f"messages.{index}.content.{position}"
+        call_id = block.get("tool_use_id")
+        if call_id is None:
+            raise HistoryError(f"{where}.tool_use_id: Field required")
+        if isinstance(call_id, str) and call_id not in previous:
+            raise HistoryError(
+                f"{where}: unexpected `tool_use_id` found in `tool_result` blocks: {call_id}. "
+                "Each `tool_result` block must have a corresponding `tool_use` block in the "
+                "previous message."
+            )
 
 
 def normalize_tools(tools: Iterable[Mapping[str, Any]] | None) -> list[dict[str, Any]]:
@@ -493,19 +579,21 @@ def normalize_history(
     *,
     system: Any = None,
     instructions: str | None = None,
+    strict: bool = False,
 ) -> History:
     """Normalize a request's messages from any of the three APIs (detected when ``api="auto"``).
 
-    ``system`` is Anthropic's top-level system prompt, ``instructions`` the Responses API's.
+    ``system`` is Anthropic's top-level system prompt, ``instructions`` the Responses API's;
+    ``strict`` refuses tool results that answer no call (see the module docstring).
     """
     if isinstance(data, History):
         return data
     items = data if isinstance(data, str) else list(data)
     kind = _detect_api(items) if api == "auto" else api
     if kind == "responses":
-        return from_responses(items, instructions=instructions)
+        return from_responses(items, instructions=instructions, strict=strict)
     if kind == "anthropic":
-        return from_anthropic(items, system=system)
+        return from_anthropic(items, system=system, strict=strict)
     if kind == "chat":
-        return from_chat_completions(items)
+        return from_chat_completions(items, strict=strict)
     raise HistoryError(f"unknown api {api!r}")

@@ -63,10 +63,20 @@ class ChatRequest:
     strict_tool_arguments: bool = True
 
     def __post_init__(self) -> None:
-        self.tools = list(self.tools or [])
-        self.chat_template_kwargs = dict(self.chat_template_kwargs or {})
-        if not isinstance(self.strict_tool_arguments, bool):
-            raise RequestError("strict_tool_arguments must be a boolean", "strict_tool_arguments")
+        # Only None means absent: a falsy value of the wrong type (0, "") is a bad request.
+        if self.tools is None:
+            self.tools = []
+        if not isinstance(self.tools, (list, tuple)):
+            raise RequestError("tools must be a list", "tools")
+        self.tools = list(self.tools)
+        if self.chat_template_kwargs is None:
+            self.chat_template_kwargs = {}
+        if not isinstance(self.chat_template_kwargs, dict):
+            raise RequestError("chat_template_kwargs must be an object", "chat_template_kwargs")
+        self.chat_template_kwargs = dict(self.chat_template_kwargs)
+        for name in ("parallel_tool_calls", "strict_tool_arguments"):
+            if not isinstance(getattr(self, name), bool):
+                raise RequestError(f"{name} must be a boolean", name)
         self._schemas, self._strict_tools = _tool_schemas(self.tools)
         self._named = _named_tool(self.tool_choice)
         if self._named is not None and self._named not in self._schemas:
@@ -80,14 +90,18 @@ class ChatRequest:
     def from_openai(cls, body: dict[str, Any]) -> ChatRequest:
         """Build from an OpenAI chat-completions request body; a top-level `reasoning_effort`
         is moved into `chat_template_kwargs` unless that already sets one."""
-        kwargs = dict(body.get("chat_template_kwargs") or {})
+        kwargs = body.get("chat_template_kwargs")
+        if kwargs is not None and not isinstance(kwargs, dict):
+            raise RequestError("chat_template_kwargs must be an object", "chat_template_kwargs")
+        kwargs = dict(kwargs or {})
         if body.get("reasoning_effort") is not None:
             kwargs.setdefault("reasoning_effort", body["reasoning_effort"])
         parallel = body.get("parallel_tool_calls")
+        choice = body.get("tool_choice")
         return cls(
-            tools=body.get("tools") or [],
-            tool_choice=body.get("tool_choice") or "auto",
-            parallel_tool_calls=True if parallel is None else bool(parallel),
+            tools=body.get("tools"),
+            tool_choice="auto" if choice is None else choice,
+            parallel_tool_calls=True if parallel is None else parallel,
             chat_template_kwargs=kwargs,
             response_format=body.get("response_format"),
         )
@@ -191,7 +205,7 @@ def _tool_schemas(tools: list[dict[str, Any]]) -> tuple[dict[str, dict[str, Any]
         if not isinstance(parameters, dict):
             raise RequestError(f"tool {name!r}: parameters must be a JSON Schema object", "tools")
         schemas[name] = parameters
-        if function.get("strict") not in (None, False, True):
+        if function.get("strict") is not None and not isinstance(function["strict"], bool):
             raise RequestError(f"tool {name!r}: strict must be a boolean", "tools")
         if function.get("strict"):
             strict.add(name)

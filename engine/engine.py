@@ -47,6 +47,7 @@ from pegmask.engine.decode import ChatOutput, DecodeStats, Delta, Row, RowSpec, 
 from pegmask.engine.metrics import Metrics
 from pegmask.engine.model import ModelBackend, load_backend
 from pegmask.engine.requests import (
+    DEFAULT_MAX_TOKENS,
     GenerationRequest,
     InvalidRequestError,
     build_request,
@@ -280,14 +281,16 @@ class Engine:
     def prewarm(self) -> None:
         """Compile a tool-call grammar and walk its first masks: what the first request of a
         process would otherwise wait for (about 0.5 s of one-time caches). Without a dialect,
-        the same schema as a response format."""
+        the same schema as a response format. Nothing is decoded, so no output budget is
+        checked (a small `max_model_len` leaves little room after the tool's prompt)."""
         chat = [{"role": "user", "content": "hi"}]
         if self.dialect is None:
             schema = _PREWARM_TOOL["function"]["parameters"]
-            request = build_request(chat, response_format={
+            request = build_request(chat, close_on_length=False, response_format={
                 "type": "json_schema", "json_schema": {"name": "prewarm", "schema": schema}})
         else:
-            request = build_request(chat, tools=[_PREWARM_TOOL], tool_choice="required")
+            request = build_request(chat, tools=[_PREWARM_TOOL], tool_choice="required",
+                                    close_on_length=False)
         spec = self.prepare(request)
         if spec.compiled is None:
             return
@@ -308,9 +311,10 @@ class Engine:
     ) -> GenerationResult | GenerationStream:
         """Generate for a completion prompt (a string) or a chat (a list of messages).
 
-        Options: max_tokens (512), temperature (1), top_p, top_k, min_p, seed, stop,
-        stop_token_ids, frequency_penalty, presence_penalty, repetition_penalty, logit_bias,
-        logprobs, top_logprobs, ignore_eos, min_tokens, n, close_on_length, tools, tool_choice,
+        Options: max_tokens (unset: what fits after the prompt, at most 512; more than fits
+        is an error), temperature (1), top_p, top_k, min_p, seed, stop, stop_token_ids,
+        frequency_penalty, presence_penalty, repetition_penalty, logit_bias, logprobs,
+        top_logprobs, ignore_eos, min_tokens, n, close_on_length, tools, tool_choice,
         parallel_tool_calls, response_format, grammar, chat_template_kwargs (see
         `pegmask.engine.requests.build_request`). A completion's grammar (`grammar`, or
         `response_format`) constrains its whole output; a chat's goes through the dialect with
@@ -416,20 +420,14 @@ class Engine:
                 prompt_text = None
         else:
             prompt_ids = self.backend.encode(request.prompt, add_special_tokens=True)
-        room = self.max_model_len - len(prompt_ids)
-        if room <= 0:
-            raise InvalidRequestError(
-                f"the prompt has {len(prompt_ids)} tokens; this engine takes at most "
-                f"{self.max_model_len} prompt and output tokens",
-                "messages" if request.is_chat else "prompt",
-            )
         sampling = request.sampling
+        max_new = self._max_new(sampling.max_tokens, len(prompt_ids),
+                                "messages" if request.is_chat else "prompt")
         self._check_token_ids(sampling)
         if sampling.n > self.limits.max_running:
             raise InvalidRequestError(
                 f"n={sampling.n} exceeds this server's {self.limits.max_running} running "
                 "sequences", "n")
-        max_new = min(sampling.max_tokens, room)
         if request.is_chat and self.dialect is None:
             request = self._plain_chat(request)
         dialect = self.dialect
@@ -441,6 +439,25 @@ class Engine:
             return _Staged(request, prompt_ids, prompt_text, max_new, grammar, param)
         return _Staged(request, prompt_ids, prompt_text, max_new, request.grammar,
                        request.grammar_param)
+
+    def _max_new(self, max_tokens: int | None, prompt_tokens: int, prompt_param: str) -> int:
+        """The output budget: `max_tokens`, which must fit in the context left after the
+        prompt (vLLM's check and wording); unset, what fits, at most DEFAULT_MAX_TOKENS."""
+        context = self.max_model_len
+        room = context - prompt_tokens
+        if room <= 0:
+            raise InvalidRequestError(
+                f"This model's maximum context length is {context} tokens. However, your "
+                f"request has {prompt_tokens} input tokens. Please reduce the length of the "
+                f"input {prompt_param}.", prompt_param)
+        if max_tokens is None:
+            return min(DEFAULT_MAX_TOKENS, room)
+        if max_tokens > room:
+            raise InvalidRequestError(
+                f"max_tokens is too large: {max_tokens}. This model's maximum context length "
+                f"is {context} tokens and your request has {prompt_tokens} input tokens "
+                f"({max_tokens} > {context} - {prompt_tokens}).", "max_tokens")
+        return max_tokens
 
     @staticmethod
     def _plain_chat(request: GenerationRequest) -> GenerationRequest:

@@ -27,6 +27,14 @@ from pegmask.grammars.regex import regex_to_node
 
 DEFAULT_MAX_TOKENS = 512
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound
+# Logits are divided by the temperature, and divided or multiplied by the repetition penalty,
+# in float32 (float16 on some devices): far enough outside these bounds they become inf or 0/0,
+# their softmax NaN and the sampled id one past the vocabulary. The bounds keep a wide margin;
+# no useful setting lies beyond them.
+MIN_TEMPERATURE = 1e-2  # vLLM's floor: a smaller positive temperature is raised to it
+MAX_TEMPERATURE = 1e4
+REPETITION_PENALTY_RANGE = (1e-2, 1e2)
+SEED_RANGE = (-(2**63), 2**63 - 1)  # a torch generator's seed (vLLM's bounds)
 GRAMMAR_FORMATS = ("regex", "grammar", "choice")
 
 
@@ -48,9 +56,10 @@ class SamplingParams:
     `top_logprobs` alternatives. `stop_token_ids` end the output like EOS; `ignore_eos` keeps
     decoding past EOS (it is never sampled); `min_tokens` forbids EOS and stop tokens before that
     many tokens (the grammar wins where it allows nothing else). `close_on_length` closes a
-    constrained region before `max_tokens` runs out."""
+    constrained region before `max_tokens` runs out. `max_tokens` None: what fits in the
+    context after the prompt, at most `DEFAULT_MAX_TOKENS` (a number asked for must fit)."""
 
-    max_tokens: int = DEFAULT_MAX_TOKENS
+    max_tokens: int | None = None
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
@@ -127,7 +136,7 @@ def build_request(
     """Validate the arguments of `Engine.generate` (see the module docstring)."""
     sampling = SamplingParams(
         max_tokens=_max_tokens(max_tokens),
-        temperature=_number("temperature", temperature, 1.0, low=0.0),
+        temperature=_temperature(temperature),
         top_p=_top_p(top_p),
         top_k=_top_k(top_k),
         min_p=_number("min_p", min_p, 0.0, low=0.0, high=1.0),
@@ -146,7 +155,7 @@ def build_request(
         n=int_field("n", n, 1, low=1),
         close_on_length=_flag("close_on_length", close_on_length, True),
     )
-    if sampling.min_tokens > sampling.max_tokens:
+    if sampling.min_tokens > (sampling.max_tokens or DEFAULT_MAX_TOKENS):
         raise InvalidRequestError("min_tokens must not exceed max_tokens", "min_tokens")
     if grammar is not None and response_format is not None:
         raise InvalidRequestError("pass either grammar or response_format, not both", "grammar")
@@ -158,9 +167,11 @@ def build_request(
     if isinstance(prompt_or_messages, str):
         if not prompt_or_messages:
             raise InvalidRequestError("prompt is empty", "prompt")
-        for name, value in (("tools", tools), ("tool_choice", tool_choice)):
-            if value:
-                raise InvalidRequestError(f"{name} needs a chat (a list of messages)", name)
+        if tools not in (None, [], ()):
+            raise InvalidRequestError("tools needs a chat (a list of messages)", "tools")
+        if tool_choice is not None:
+            raise InvalidRequestError("tool_choice needs a chat (a list of messages)",
+                                      "tool_choice")
         if kind in ("json_schema", "json_object"):
             constraint = grammar_for_format(response_format, compile=False)
         return GenerationRequest(prompt_or_messages, None, sampling, grammar=constraint,
@@ -178,8 +189,8 @@ def build_request(
     template_kwargs = dict(chat_template_kwargs or {})
     try:
         chat = ChatRequest(
-            tools=list(tools or []),
-            tool_choice=tool_choice or "auto",
+            tools=list(tools or ()),
+            tool_choice="auto" if tool_choice is None else tool_choice,
             parallel_tool_calls=_flag("parallel_tool_calls", parallel_tool_calls, True),
             chat_template_kwargs=template_kwargs,
             # A non-JSON format is enforced by `constraint` instead of the dialect.
@@ -276,23 +287,25 @@ def _messages(messages: Any) -> list[dict[str, Any]]:
     return [dict(message) for message in messages]
 
 
-def _max_tokens(value: Any) -> int:
+def _max_tokens(value: Any) -> int | None:
     if value is None:
-        return DEFAULT_MAX_TOKENS
+        return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InvalidRequestError("max_tokens must be a positive integer", "max_tokens")
     return value
 
 
-def _number(name: str, value: Any, default: float, *, low: float,
-            high: float | None = None) -> float:
+def _number(name: str, value: Any, default: float, *, low: float, high: float) -> float:
+    """A finite number in [low, high]; compared before it becomes a float, since a JSON integer
+    can be past any float (10**400)."""
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+            isinstance(value, float) and not math.isfinite(value)):
         raise InvalidRequestError(f"{name} must be a number", name)
     if value < low:
         raise InvalidRequestError(f"{name} must be >= {low}", name)
-    if high is not None and value > high:
+    if value > high:
         raise InvalidRequestError(f"{name} must be <= {high}", name)
     return float(value)
 
@@ -314,11 +327,15 @@ def _flag(name: str, value: Any, default: bool = False) -> bool:
     return value
 
 
+def _temperature(value: Any) -> float:
+    """0 is greedy; a positive temperature below vLLM's floor is raised to it, as vLLM does."""
+    temperature = _number("temperature", value, 1.0, low=0.0, high=MAX_TEMPERATURE)
+    return max(temperature, MIN_TEMPERATURE) if temperature > 0 else 0.0
+
+
 def _repetition_penalty(value: Any) -> float:
-    penalty = _number("repetition_penalty", value, 1.0, low=0.0)
-    if penalty <= 0.0:
-        raise InvalidRequestError("repetition_penalty must be > 0", "repetition_penalty")
-    return penalty
+    low, high = REPETITION_PENALTY_RANGE
+    return _number("repetition_penalty", value, 1.0, low=low, high=high)
 
 
 def _top_logprobs(value: Any, logprobs: Any) -> int:
@@ -361,7 +378,7 @@ def _logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
 
 
 def _top_p(value: Any) -> float:
-    top_p = _number("top_p", value, 1.0, low=0.0)
+    top_p = _number("top_p", value, 1.0, low=0.0, high=1.0)
     if not 0.0 < top_p <= 1.0:
         raise InvalidRequestError("top_p must be in (0, 1]", "top_p")
     return top_p
@@ -377,8 +394,10 @@ def _top_k(value: Any) -> int:
 
 
 def _seed(value: Any) -> int | None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-        raise InvalidRequestError("seed must be an integer", "seed")
+    low, high = SEED_RANGE
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                              or not low <= value <= high):
+        raise InvalidRequestError(f"seed must be an integer in [{low}, {high}]", "seed")
     return value
 
 

@@ -82,6 +82,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="a model name clients may use (repeatable; the first is reported)")
     serve.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024,
                        help="largest request body (default 8 MiB; larger: 413)")
+    serve.add_argument("--max-body-depth", type=int, default=128,
+                       help="deepest nesting of arrays and objects in a request body "
+                            "(default 128; deeper: 400)")
     serve.add_argument("--log-level", default="info", help="uvicorn's log level")
     serve.set_defaults(run=_serve)
 
@@ -327,7 +330,8 @@ def _serve(args: argparse.Namespace, _: list[str]) -> int:
 
     config = ServerConfig(api_key=args.api_key,
                           served_model_names=tuple(args.served_model_name),
-                          max_body_bytes=args.max_body_bytes)
+                          max_body_bytes=args.max_body_bytes,
+                          max_body_depth=args.max_body_depth)
     engine = _engine(args)
     try:
         uvicorn.run(create_app(engine, config), host=args.host, port=args.port,

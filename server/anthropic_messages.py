@@ -72,7 +72,7 @@ def _request(body: dict[str, Any], *, counting: bool = False) -> tuple[list[Any]
     """(chat messages, engine options) of a Messages request body."""
     log_unknown_fields(body, "messages", _FIELDS | set(_PASSED))
     for name in ("container", "mcp_servers"):
-        if body.get(name):
+        if body.get(name) not in (None, "", []):
             raise APIError(400, f"{name} is not supported by this server", name)
     source = body.get("messages")
     if not isinstance(source, list) or not all(isinstance(m, dict) for m in source):
@@ -83,7 +83,7 @@ def _request(body: dict[str, Any], *, counting: bool = False) -> tuple[list[Any]
     if system is not None and not isinstance(system, (str, list)):
         raise APIError(400, "system must be a string or a list of text blocks", "system")
     try:
-        history = normalize_history(source, "anthropic", system=system)
+        history = normalize_history(source, "anthropic", system=system, strict=True)
     except HistoryError as exc:
         raise APIError(400, str(exc), "messages") from exc
     text_only(history, "messages")
@@ -171,7 +171,11 @@ def _tool_choice(choice: Any) -> dict[str, Any]:
         raise APIError(400, "tool_choice must be an object", "tool_choice")
     kind = choice.get("type")
     options: dict[str, Any] = {}
-    if boolean(choice, "disable_parallel_tool_use"):
+    single = choice.get("disable_parallel_tool_use")
+    if single is not None and not isinstance(single, bool):
+        raise APIError(400, "tool_choice.disable_parallel_tool_use must be a boolean",
+                       "tool_choice")
+    if single:
         options["parallel_tool_calls"] = False
     if kind == "auto":
         options["tool_choice"] = "auto"

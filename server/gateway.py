@@ -13,10 +13,12 @@ import functools
 import hmac
 import json
 import logging
+import re
 from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
@@ -28,6 +30,10 @@ from pegmask.server.errors import APIError, ApiStyle, as_api_error, error_body
 logger = logging.getLogger("pegmask.server")
 
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+# Arrays and objects nested deeper than this are refused before decoding: real requests nest
+# a few tens of levels (a tool's schema included), while a deep body would exhaust the
+# decoder's and every later walk's recursion (100,000 nested arrays: a RecursionError).
+DEFAULT_MAX_BODY_DEPTH = 128
 _DISCONNECT_POLL_S = 0.25
 # Fields that only describe the request (accepted, no effect on the output).
 DESCRIPTIVE_FIELDS = frozenset({
@@ -65,13 +71,19 @@ def route_of(path: str) -> tuple[str, ApiStyle]:
 @dataclass
 class ServerConfig:
     """Options of `pegmask serve`: the API key (None: no key asked), the model names clients may
-    use (the engine's model name first), the largest request body, and how many Responses API
-    responses `previous_response_id` can refer to."""
+    use (the engine's model name first), the largest request body and its deepest nesting of
+    arrays and objects, and how many Responses API responses `previous_response_id` can refer
+    to."""
 
     api_key: str | None = None
     served_model_names: tuple[str, ...] = ()
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_body_depth: int = DEFAULT_MAX_BODY_DEPTH
     response_store_size: int = 1024
+
+    def __post_init__(self) -> None:
+        if self.max_body_depth < 1:
+            raise ValueError(f"max_body_depth must be at least 1, not {self.max_body_depth}")
 
 
 @dataclass
@@ -102,16 +114,15 @@ class ServerContext:
                                 f"{', '.join(self.model_names)}", "model")
 
     async def body(self, request: Request) -> dict[str, Any]:
-        """The JSON object of a request body (413 past the size limit, 400 if not an object).
-        `json.loads` keeps key order: a schema's properties are written in the order sent."""
+        """The JSON object of a request body (413 past the size limit, 400 if it nests too deep
+        or is not an object), decoded in a worker thread: a large body never stalls the event
+        loop. `json.loads` keeps key order: a schema's properties are written in the order
+        sent."""
         raw = await request.body()
         if len(raw) > self.config.max_body_bytes:
             raise APIError(413, f"the request body has {len(raw)} bytes; the limit is "
                                 f"{self.config.max_body_bytes}")
-        try:
-            body = json.loads(raw)
-        except ValueError as exc:
-            raise APIError(400, f"the request body is not valid JSON: {exc}") from exc
+        body = await run_in_threadpool(decode_body, raw, self.config.max_body_depth)
         if not isinstance(body, dict):
             raise APIError(400, "the request body must be a JSON object")
         return body
@@ -156,6 +167,41 @@ class ServerContext:
         consumer.result()
         assert stream.result is not None
         return stream.result
+
+
+def decode_body(raw: bytes, max_depth: int) -> Any:
+    """A request body's JSON value; 400 when it is not JSON or nests deeper than `max_depth`
+    (checked before decoding, so no depth reaches the decoder's recursion)."""
+    # Fewer opening brackets than the limit cannot nest deeper: most bodies skip the scan.
+    opening = raw.count(b"[") + raw.count(b"{")
+    depth = nesting_depth(raw) if opening > max_depth else 0
+    if depth > max_depth:
+        raise APIError(400, f"the request body nests arrays and objects {depth} levels deep; "
+                            f"the limit is {max_depth} (--max-body-depth)")
+    try:
+        return json.loads(raw)
+    except RecursionError as exc:  # a limit raised past the interpreter's recursion
+        raise APIError(400, "the request body nests arrays and objects too deep to decode") \
+            from exc
+    except ValueError as exc:
+        raise APIError(400, f"the request body is not valid JSON: {exc}") from exc
+
+
+# A JSON string, or the rest of the text after an unterminated one: every match ends where it
+# can, so the scan stays linear on hostile text (a quote followed by escaped quotes).
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"?', re.DOTALL)
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+def nesting_depth(raw: bytes) -> int:
+    """How deep the arrays and objects of a JSON text nest (brackets inside strings do not
+    count), in linear time and without recursion."""
+    brackets = _JSON_STRING.sub(b"", raw).translate(None, _NOT_BRACKETS)
+    if not brackets:
+        return 0
+    codes = np.frombuffer(brackets, dtype=np.uint8)
+    steps = np.where((codes == ord("[")) | (codes == ord("{")), 1, -1).astype(np.int32)
+    return int(np.cumsum(steps, dtype=np.int32).max())
 
 
 @contextlib.contextmanager

@@ -14,6 +14,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 
+from pegmask.dialects.history import HistoryError, normalize_history
 from pegmask.engine.decode import TokenLogprob
 from pegmask.engine.engine import Choice, GenerationResult, GenerationStream
 from pegmask.engine.requests import InvalidRequestError, int_field
@@ -56,11 +57,16 @@ async def _complete(context: ServerContext, http: Request, *, chat: bool) -> Any
     context.check_model(body.get("model"))
     source, options = openai_request(body, chat=chat)
     streamed = boolean(body, "stream")
-    stream_options = body.get("stream_options") or {}
+    stream_options = body.get("stream_options")
+    if stream_options is None:
+        stream_options = {}
     if not isinstance(stream_options, dict):
         raise APIError(400, "stream_options must be an object", "stream_options")
     include_usage = boolean(stream_options, "include_usage")
-    stream = await context.start(source, options)
+    # An error about the output budget names the field the client sent.
+    fields = ({"max_tokens": "max_completion_tokens"}
+              if body.get("max_completion_tokens") is not None else None)
+    stream = await context.start(source, options, fields)
     if not streamed:
         result = await context.finish(http, stream)
         return completion_response(result, context.model, chat=chat,
@@ -80,11 +86,15 @@ def openai_request(body: Any, *, chat: bool) -> tuple[Any, dict[str, Any]]:
     if not isinstance(body, Mapping):
         raise InvalidRequestError("the request body must be a JSON object")
     for name, off in _UNSUPPORTED.items():
-        if body.get(name) not in off:
-            raise InvalidRequestError(f"{name}={body[name]!r} is not supported", name)
+        value = body.get(name)
+        # By type too: `echo: 0` or `best_of: true` is not the value that means off.
+        if not any(value == o and type(value) is type(o) for o in off):
+            raise InvalidRequestError(f"{name}={value!r} is not supported", name)
     log_unknown_fields(body, ("chat" if chat else "completions"), _KNOWN)
     options = {name: body[name] for name in _SAMPLING_FIELDS if body.get(name) is not None}
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    max_tokens = body.get("max_completion_tokens")
+    if max_tokens is None:
+        max_tokens = body.get("max_tokens")
     if max_tokens is not None:
         options["max_tokens"] = max_tokens
     elif not chat:
@@ -109,7 +119,9 @@ def openai_request(body: Any, *, chat: bool) -> tuple[Any, dict[str, Any]]:
     if "messages" not in body:
         raise InvalidRequestError("messages is required", "messages")
     _check_chat_messages(body["messages"])
-    kwargs = body.get("chat_template_kwargs") or {}
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is None:
+        kwargs = {}
     if not isinstance(kwargs, Mapping):
         raise InvalidRequestError("chat_template_kwargs must be an object", "chat_template_kwargs")
     kwargs = dict(kwargs)
@@ -151,6 +163,14 @@ def _check_chat_messages(messages: Any) -> None:
             raise InvalidRequestError(
                 f"{where}.tool_calls must be a list of "
                 '{"id", "type": "function", "function": {"name", "arguments"}}', "messages")
+        legacy = message.get("function_call")
+        if legacy is not None and not _function(legacy):
+            raise InvalidRequestError(f'{where}.function_call must be {{"name", "arguments"}}',
+                                      "messages")
+    try:  # each tool message answers the tool_calls before it
+        normalize_history(messages, "chat", strict=True)
+    except HistoryError as exc:
+        raise InvalidRequestError(str(exc), "messages") from exc
 
 
 def _content_part(part: Any) -> bool:
@@ -163,10 +183,13 @@ def _content_part(part: Any) -> bool:
 
 
 def _tool_call(call: Any) -> bool:
-    if not isinstance(call, Mapping) or not isinstance(call.get("function"), Mapping):
-        return False
-    function = call["function"]
-    return (isinstance(call.get("id", ""), str) and isinstance(function.get("name"), str)
+    return (isinstance(call, Mapping) and isinstance(call.get("id", ""), str)
+            and _function(call.get("function")))
+
+
+def _function(function: Any) -> bool:
+    """A call's `{"name", "arguments"}` (arguments as JSON text or an object)."""
+    return (isinstance(function, Mapping) and isinstance(function.get("name"), str)
             and isinstance(function.get("arguments", ""), (str, Mapping)))
 
 

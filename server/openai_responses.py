@@ -27,6 +27,7 @@ from fastapi import FastAPI, Request
 from pegmask.dialects.history import HistoryError, normalize_history, normalize_tools
 from pegmask.engine.decode import TokenLogprob
 from pegmask.engine.engine import GenerationResult, GenerationStream
+from pegmask.engine.requests import int_field
 from pegmask.grammars.vocab import Vocabulary
 from pegmask.server import sse
 from pegmask.server.errors import APIError
@@ -105,7 +106,7 @@ class _Plan:
 def _plan(body: dict[str, Any], store: ResponseStore) -> _Plan:
     log_unknown_fields(body, "responses", _FIELDS | set(_PASSED))
     for name in ("background", "conversation", "prompt", "max_tool_calls"):
-        if body.get(name) not in (None, False):
+        if body.get(name) is not None and body[name] is not False:
             raise APIError(400, f"{name} is not supported by this server", name)
     instructions = string_or_none(body, "instructions")
     source = body.get("input")
@@ -121,7 +122,8 @@ def _plan(body: dict[str, Any], store: ResponseStore) -> _Plan:
     if not items:
         raise APIError(400, "input is empty", "input")
     try:
-        history = normalize_history(items, "responses", instructions=instructions)
+        history = normalize_history(items, "responses", instructions=instructions,
+                                    strict=True)
     except HistoryError as exc:
         raise APIError(400, str(exc), "input") from exc
     text_only(history, "input")
@@ -147,13 +149,16 @@ def _plan(body: dict[str, Any], store: ResponseStore) -> _Plan:
             if not isinstance(reasoning["effort"], str):
                 raise APIError(400, "reasoning.effort must be a string", "reasoning")
             options["chat_template_kwargs"] = {"reasoning_effort": reasoning["effort"]}
-    include = body.get("include") or []
+    include = body.get("include")
+    if include is None:
+        include = []
     if not isinstance(include, list) or not all(isinstance(item, str) for item in include):
         raise APIError(400, "include must be a list of strings", "include")
-    logprobs = _LOGPROBS_INCLUDE in include or bool(body.get("top_logprobs"))
+    top_logprobs = int_field("top_logprobs", body.get("top_logprobs"), 0)
+    logprobs = _LOGPROBS_INCLUDE in include or top_logprobs > 0
     if logprobs:
         options["logprobs"] = True
-        options["top_logprobs"] = body.get("top_logprobs") or 0
+        options["top_logprobs"] = top_logprobs
     return _Plan(body, items, history.to_template_messages(), options, logprobs)
 
 
@@ -200,9 +205,12 @@ def _text_format(text: Any) -> dict[str, Any] | None:
     if kind == "json_object":
         return {"type": "json_object"}
     if kind == "json_schema":
+        strict = spec.get("strict")
+        if strict is not None and not isinstance(strict, bool):
+            raise APIError(400, "text.format.strict must be a boolean", "text")
         return {"type": "json_schema", "json_schema": {
             "name": spec.get("name", "output"), "schema": spec.get("schema", {}),
-            "strict": bool(spec.get("strict"))}}
+            "strict": bool(strict)}}
     raise APIError(400, f"text.format type {kind!r} is not supported", "text")
 
 

@@ -423,13 +423,25 @@ def test_an_unknown_dialect_serves_plain_chats(caplog: pytest.LogCaptureFixture)
 
 
 def test_max_model_len_bounds_prompt_and_output() -> None:
+    """A prompt must leave room, and an explicit max_tokens must fit in it (vLLM's 400s); an
+    unset one takes what fits."""
     engine = Engine(max_model_len=40, prewarm=False)
     long_chat = [{"role": "user", "content": "word " * 60}]
     with pytest.raises(InvalidRequestError) as caught:
         engine.generate(long_chat, max_tokens=4)
-    assert caught.value.param == "messages" and "at most 40" in str(caught.value)
-    result = engine.generate("One two three", max_tokens=500, ignore_eos=True, seed=0)
+    assert caught.value.param == "messages"
+    assert "maximum context length is 40 tokens. However, your request has" in str(caught.value)
+    result = engine.generate("One two three", ignore_eos=True, seed=0)
     assert result.usage["total_tokens"] == 40 and result.finish_reason == "length"
+    prompt = result.usage["prompt_tokens"]
+    with pytest.raises(InvalidRequestError) as caught:
+        engine.generate("One two three", max_tokens=500)
+    assert caught.value.param == "max_tokens"
+    assert str(caught.value) == (
+        f"max_tokens is too large: 500. This model's maximum context length is 40 tokens and "
+        f"your request has {prompt} input tokens (500 > 40 - {prompt}).")
+    fits = engine.generate("One two three", max_tokens=40 - prompt, ignore_eos=True, seed=0)
+    assert fits.usage["total_tokens"] == 40
     with pytest.raises(ValueError, match="max_model_len"):
         Engine(max_model_len=10**9, prewarm=False)
     engine.close()
