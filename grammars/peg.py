@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from lark import Lark, Token, Transformer
+from lark import Lark, Token, Transformer, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, VisitError
 
 from pegmask.grammars.counted import count_literal
@@ -79,6 +79,12 @@ COMMENT: /#[^\n]*/
 """
 
 _PARSER = Lark(META_GRAMMAR, start="definition", parser="lalr", maybe_placeholders=False)
+
+# Groups (a call's argument is one) and captures nest at most this deep, the regex front-end's
+# bound: the tree's transform and the IR's walks recurse once per level, and real grammars
+# nest a few levels.
+MAX_NESTING = 100
+_NESTING_NODES = frozenset({"sequence", "capture"})
 
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "0": "\0", "f": "\f", "b": "\b", "v": "\v"}
 
@@ -278,6 +284,7 @@ def peg_to_ir(text: str, *, start: str | None = None,
     for first_line, definition in _logical_lines(text):
         try:
             tree = _PARSER.parse(definition)
+            _check_nesting(tree, first_line)
             transformer.line_offset = first_line - 1
             name, body = transformer.transform(tree)
         except VisitError as exc:
@@ -295,6 +302,33 @@ def peg_to_ir(text: str, *, start: str | None = None,
     ir = GrammarIR(rules, start_rule)
     check_rules(ir)
     return ir
+
+
+def _check_nesting(tree: Tree, first_line: int) -> None:
+    """Refuse a definition whose groups and captures nest past `MAX_NESTING`, walking
+    the parse tree without recursion (the LALR parse itself never recurses)."""
+    stack: list[tuple[Tree, int]] = [(tree, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if node.data in _NESTING_NODES:
+            depth += 1
+            if depth > MAX_NESTING + 1:  # the rule body is the first sequence
+                line, column = _position(node, first_line)
+                raise GrammarError(f"groups and captures nested too deeply (limit "
+                                   f"{MAX_NESTING})", line=line, column=column)
+        stack.extend((child, depth) for child in node.children if isinstance(child, Tree))
+
+
+def _position(node: Tree, first_line: int) -> tuple[int | None, int | None]:
+    """Where a parse tree node's first token is in the grammar text (iteratively: the node
+    may be deep)."""
+    stack: list[Tree | Token] = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Token):
+            return first_line + (item.line or 1) - 1, item.column
+        stack.extend(reversed(item.children))
+    return first_line, None
 
 
 def _syntax_error(exc: UnexpectedInput, definition: str, first_line: int) -> GrammarError:

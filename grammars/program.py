@@ -18,6 +18,7 @@ Instructions are stored in parallel lists (fast to index from the interpreters):
 
 from __future__ import annotations
 
+import bisect
 import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -63,6 +64,10 @@ class Program:
     # a run, (how many bytes of the class a thread there may still read, this one included;
     # the pc where the run exits). The automaton reads whole runs at once with it.
     runs: dict[int, tuple[int, int]]
+    # The most call frames a derivation stacks outside recursion, the start rule's included
+    # (`call_depth`): a runtime whose `max_depth` is below it would cut words of the grammar
+    # that no recursion bound explains, so it refuses the program instead.
+    call_depth: int = 1
     # Per instruction, the BYTE instructions a thread there reads its next byte with (see
     # `byte_leaves`): closures park on a SPLIT that only chooses between bytes; and whether a
     # thread there waits for a symbol (a SPECIAL, a BYTE, such a SPLIT), so that a seed
@@ -447,11 +452,49 @@ class _Compiler:
             self.rule_entry[name] = start
         for pc, name in self.pending_calls:
             self.arg[pc] = self.rule_entry[name]
+        self.tail_calls()
         runs = {pc: (remaining, self.arg[skip]) for pc, (remaining, skip) in self.run_skips.items()}
         return Program(
             self.kind, self.arg, self.aux, self.targets, self.accept, entry,
-            tuple(self.specials), tuple(self.tags), runs,
+            tuple(self.specials), tuple(self.tags), runs, self.call_depth(entry),
         )
+
+    def tail_calls(self) -> None:
+        """A call whose return leads (through jumps) straight to its rule's RET becomes a
+        jump: the callee returns for its caller. A chain of rules (`a = b`, `b = c`, ...) and a
+        right-recursive list then stack nothing, where each call took a frame of `max_depth`
+        (a chain of 300 rules matched nothing)."""
+        kind, arg, aux = self.kind, self.arg, self.aux
+        for pc, _ in self.pending_calls:
+            after, seen = aux[pc], set()
+            while kind[after] == JUMP and after not in seen:
+                seen.add(after)
+                after = arg[after]
+            if kind[after] == RET:
+                kind[pc], aux[pc] = JUMP, -1
+
+    def call_depth(self, entry: int) -> int:
+        """The most frames a derivation stacks outside recursion: one for the entry's call,
+        plus the longest chain of calls (tail calls take none) between the rules' recursive
+        components, each component counted once (its own recursion is what `max_depth`
+        bounds)."""
+        starts = sorted((start, name) for name, start in self.rule_entry.items())
+        firsts = [start for start, _ in starts]
+        calls: dict[str, list[tuple[str, int]]] = {name: [] for name in self.rule_entry}
+        for pc, callee in self.pending_calls:
+            if pc != entry:
+                caller = starts[bisect.bisect_right(firsts, pc) - 1][1]
+                calls[caller].append((callee, int(self.kind[pc] == CALL)))
+        component = call_components(calls)
+        longest: dict[int, int] = {}
+        for name in sorted(calls, key=component.__getitem__):  # callees' components first
+            own = component[name]
+            deepest = longest.get(own, 0)
+            for callee, frames in calls[name]:
+                if component[callee] != own:
+                    deepest = max(deepest, frames + longest[component[callee]])
+            longest[own] = deepest
+        return 1 + longest[component[self.ir.start]]
 
     def link(self, exits: list[int], target: int) -> None:
         for pc in exits:
@@ -689,6 +732,50 @@ class _Compiler:
         for pc, branches in zip(state_pc, branches_of, strict=False):
             self.targets[pc] = (*branches, exit_pc)
         return [exit_pc]
+
+
+def call_components(calls: Mapping[str, list[tuple[str, int]]]) -> dict[str, int]:
+    """Each rule's strongly connected component of the call graph, numbered so that a
+    component's callees come before it (Tarjan's order), found without recursion: generated
+    grammars have chains of thousands of rules."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    component: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components = 0
+    for root in calls:
+        if root in index:
+            continue
+        work = [(root, 0)]
+        while work:
+            name, edge = work.pop()
+            if edge == 0:
+                index[name] = low[name] = len(index)
+                stack.append(name)
+                on_stack.add(name)
+            edges = calls[name]
+            if edge > 0:  # back from edges[edge - 1]'s callee
+                callee = edges[edge - 1][0]
+                low[name] = min(low[name], low[callee])
+            while edge < len(edges) and edges[edge][0] in index:
+                callee = edges[edge][0]
+                if callee in on_stack:
+                    low[name] = min(low[name], index[callee])
+                edge += 1
+            if edge < len(edges):
+                work.append((name, edge + 1))
+                work.append((edges[edge][0], 0))
+                continue
+            if low[name] == index[name]:
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component[member] = components
+                    if member == name:
+                        break
+                components += 1
+    return component
 
 
 def _to_ranges(values: list[int]) -> list[tuple[int, int]]:

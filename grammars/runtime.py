@@ -8,6 +8,7 @@ highest-priority thread, which bounds the work per symbol.
 
 from __future__ import annotations
 
+from pegmask.grammars.errors import GrammarTooLarge
 from pegmask.grammars.program import (
     CALL,
     CLOSE,
@@ -74,6 +75,11 @@ class Runtime:
 
     def __init__(self, program: Program, max_depth: int = DEFAULT_MAX_DEPTH,
                  memo_limit: int = DEFAULT_MEMO_LIMIT):
+        if program.call_depth > max_depth:
+            raise GrammarTooLarge(
+                "max_depth", f"grammar too deep: its rules call each other {program.call_depth} "
+                f"frames deep without recursion (> max_depth={max_depth}); raise it with "
+                "CompiledGrammar(max_depth=...)", allowed=max_depth, value=program.call_depth)
         self.program = program
         self.stacks = StackTable(max_depth)
         self.memo_limit = memo_limit

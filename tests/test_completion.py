@@ -155,11 +155,13 @@ def test_text_that_would_spell_a_special_is_not_a_completion():
 
 
 def test_the_depth_limit_is_respected():
-    """Past `max_depth` the shortest path is not in the language: the next one is found."""
-    grammar = Grammar.from_peg('root = "(" (deep | "zzzz")\ndeep = deeper\ndeeper = "y"')
-    assert compiler("smollm2").compile(grammar).matcher().completion_distance() == 2
-    matcher = CompiledGrammar(grammar, smollm2(), max_depth=2).matcher()
-    assert not matcher.accept_string(b"(y")
+    """Past `max_depth` the shortest path is not in the language: the next one is found. (The
+    frames are recursion's: a grammar that needs more frames without recursion is refused.)"""
+    grammar = Grammar.from_peg('root = "(" (deep | "zzzz")\ndeep = deeper "q"\n'
+                               'deeper = "y" | "<" deep')
+    assert compiler("smollm2").compile(grammar).matcher().completion_distance() == 3
+    matcher = CompiledGrammar(grammar, smollm2(), max_depth=1).matcher()
+    assert not matcher.accept_string(b"(yq")
     assert matcher.completion_distance() == 5
     assert matcher.shortest_completion() == [b"(zzzz"]
     assert_completes(matcher)

@@ -124,3 +124,55 @@ def test_ambiguity_prefers_first_alternative_for_captures():
     g2 = Grammar.from_peg('root = @a:("x" | "xx") @b:("xx" | "x")')
     r2 = g2.parse("xxx")
     assert (r2.first("a").text, r2.first("b").text) == ("x", "xx")
+
+
+def test_a_chain_of_rules_takes_no_call_frames():
+    """`r0 = r1`, ..., each call a tail call: a chain far past max_depth (256) still matches
+    (it matched nothing past 255 rules when every call took a frame)."""
+    chain = "\n".join([f"r{i} = r{i + 1}" for i in range(10_000)] + ['r10000 = "a"'])
+    g = Grammar.from_peg(chain)
+    assert g.program.call_depth == 1
+    assert g.matches("a") and not g.matches("b")
+
+
+def test_right_recursion_is_as_long_as_the_input():
+    g = Grammar.from_peg('root = "[" items "]"\nitems = @item:"x" ("," items)?')
+    text = "[" + ",".join(["x"] * 2_000) + "]"
+    assert len(g.parse(text).find_all("item")) == 2_000
+
+
+def test_calls_nested_past_max_depth_without_recursion_are_refused():
+    """A grammar that needs more frames than max_depth with no recursion to blame is an error
+    naming the limit, not a language cut short in silence."""
+    def nested(levels: int) -> Grammar:
+        return Grammar.from_peg("\n".join([f'r{i} = "(" r{i + 1} ")"' for i in range(levels)]
+                                          + [f'r{levels} = "a"']))
+
+    assert nested(255).program.call_depth == 256
+    assert nested(255).matches("(" * 255 + "a" + ")" * 255)
+    with pytest.raises(GrammarTooLarge, match="max_depth=256") as info:
+        nested(256).matches("(" * 256 + "a" + ")" * 256)
+    assert (info.value.limit, info.value.allowed, info.value.value) == ("max_depth", 256, 257)
+
+
+def test_recursion_counts_its_frames_once():
+    g = Grammar.from_peg('root = a b\na = "x" c "y"\nb = c c\nc = "z" d\nd = "w"')
+    assert g.program.call_depth == 3  # the entry, root -> a, a -> c; tail calls take none
+    assert g.matches("xzwyzwzw")
+    # One cycle (root -> a -> c -> d -> root): max_depth bounds its recursion, not call_depth.
+    recursive = Grammar.from_peg(
+        'root = a b\na = "x" c "y"\nb = c c\nc = "z" d\nd = "w" | "(" root ")"')
+    assert recursive.program.call_depth == 1
+    assert recursive.matches("xz(xzwyzwzw)yzwzw")
+
+
+@pytest.mark.parametrize("opening, closing", [("(", ")"), ("@a:", ""), ("trigger(", ")")])
+def test_expressions_nest_at_most_100_deep(opening, closing):
+    def nested(levels: int) -> str:
+        return "root = " + opening * levels + '"a"' + closing * levels
+
+    assert Grammar.from_peg(nested(100)).ir.rules["root"] is not None
+    for levels in (101, 100_000):
+        with pytest.raises(GrammarError, match=r"nested too deeply \(limit 100\)") as info:
+            Grammar.from_peg(nested(levels))
+        assert info.value.line == 1
