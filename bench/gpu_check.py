@@ -54,18 +54,18 @@ REPO = Path(__file__).resolve().parents[1]
 # has (pydantic and pydantic-core must match each other exactly); the others only when missing
 # or older than MINIMUM (the machine's own copies are what its other packages were built with).
 WHEELS = [
-    "lark==1.3.1", "fastapi==0.165.0", "starlette==1.10.0", "pydantic==2.14.4",
+    "fastapi==0.165.0", "starlette==1.10.0", "pydantic==2.14.4",
     "pydantic-core==2.50.5", "uvicorn==0.55.0", "typing-inspection==0.4.5",
     "annotated-types==0.8.0", "annotated-doc==0.0.7", "opentelemetry-api==1.45.2",
     "typing-extensions==4.16.0", "click==8.5.1", "h11==0.16.0", "anyio==4.16.0",
     "tqdm==4.70.1", "idna==3.20",
 ]
-ALWAYS = {"lark", "fastapi", "starlette", "pydantic", "pydantic_core", "uvicorn",
+ALWAYS = {"fastapi", "starlette", "pydantic", "pydantic_core", "uvicorn",
           "typing_inspection", "annotated_types", "annotated_doc", "opentelemetry_api"}
 MINIMUM = {"typing_extensions": "4.16.0", "anyio": "4.1.0", "click": "7.0", "h11": "0.8",
            "tqdm": "4.0", "idna": "2.8"}
 # Imported after `install` to prove the set is whole (the server's and the grammars' needs).
-IMPORTS = ["lark", "pydantic", "pydantic_core", "fastapi", "starlette", "uvicorn", "anyio",
+IMPORTS = ["pydantic", "pydantic_core", "fastapi", "starlette", "uvicorn", "anyio",
            "h11", "click", "tqdm", "httpx", "prometheus_client", "jinja2", "tokenizers"]
 
 CITY_SCHEMA = {"type": "object", "properties": {
@@ -336,7 +336,7 @@ def cmd_env(args: argparse.Namespace) -> int:
     }
     names = ["triton", "transformers", "tokenizers", "numpy", "safetensors", "accelerate",
              "huggingface_hub", "jinja2", "httpx", "prometheus_client", "pydantic",
-             "pydantic_core", "fastapi", "starlette", "uvicorn", "lark", "anyio",
+             "pydantic_core", "fastapi", "starlette", "uvicorn", "anyio",
              "typing_extensions", "click", "h11", "tqdm", "matplotlib", "jsonschema", "gguf",
              "kernels"]
     facts["versions"] = {}

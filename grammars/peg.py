@@ -1,4 +1,4 @@
-"""The PEG DSL front-end: text grammars (meta-grammar in lark) to the IR.
+"""The PEG DSL front-end: text grammars to the IR, by a hand-written tokenizer and parser.
 
 Syntax, one rule per definition (a definition continues on following lines that are indented
 or start with `|`; `#` starts a comment)::
@@ -19,15 +19,19 @@ captures `@tag:item`, and the built-ins:
 * `trigger(item)`         marks where a lazily constrained region starts
 
 The start rule is `root` when defined, else the first rule.
+
+The parser is recursive descent over one compiled regex's tokens, not a parser generator: a
+dialect's tool grammar (hundreds of definitions) is parsed in the request thread, where an
+LALR parse and tree transform cost most of the front-end. Its recursion is bounded by
+`MAX_NESTING`, checked as it descends.
 """
 
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Callable
 from typing import Any
-
-from lark import Lark, Token, Transformer, Tree
-from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, VisitError
 
 from pegmask.grammars.counted import count_literal
 from pegmask.grammars.errors import GrammarError
@@ -49,219 +53,299 @@ from pegmask.grammars.ir import (
 )
 from pegmask.grammars.program import check_rules
 
-META_GRAMMAR = r"""
-?definition: NAME "=" expr
-
-?expr: sequence ("|" sequence)*          -> alternatives
-sequence: item*
-?item: CAPTURE item                       -> capture
-     | primary QUANT?                     -> quantified
-     | primary "{" INT "}"                -> repeat_exact
-     | primary "{" INT "," INT? "}"       -> repeat_range
-?primary: STRING                          -> string
-     | CHARCLASS                          -> charclass
-     | "."                                -> any_char
-     | NAME                               -> ref
-     | "(" expr ")"
-     | FUNC [arg ("," arg)*] ")"          -> call
-?arg: expr
-
-QUANT: "?" | "*" | "+"
-FUNC.2: /(token|until|json|trigger)\(/
-CAPTURE: /@[A-Za-z_][A-Za-z0-9_.\-]*:/
-NAME: /[A-Za-z_][A-Za-z0-9_]*/
-STRING: /"(\\.|[^"\\\n])*"/ | /'(\\.|[^'\\\n])*'/
-CHARCLASS: /\[(\\.|[^\]\\\n])*\]/
-INT: /[0-9]+/
-COMMENT: /#[^\n]*/
-%ignore COMMENT
-%ignore /[ \t\r\n]+/
-"""
-
-_PARSER = Lark(META_GRAMMAR, start="definition", parser="lalr", maybe_placeholders=False)
-
 # Groups (a call's argument is one) and captures nest at most this deep, the regex front-end's
-# bound: the tree's transform and the IR's walks recurse once per level, and real grammars
-# nest a few levels.
+# bound: the parser and the IR's walks recurse once per level, and real grammars nest a few.
 MAX_NESTING = 100
-_NESTING_NODES = frozenset({"sequence", "capture"})
 
+# One token per match, whitespace and comments before it included; its kind is the name of
+# its group. `end` is the end of the definition, `bad` a character no token starts with. A
+# built-in's name takes its `(` (`token (` is a rule name and a group), as in the lark
+# meta-grammar this replaced.
+_TOKEN = re.compile(r"""
+    [ \t\r\n]* (?:\#[^\n]*[ \t\r\n]*)*
+    (?:
+      (?P<string>"(?:\\.|[^"\\\n])*"|'(?:\\.|[^'\\\n])*')
+    | (?P<charclass>\[(?:\\.|[^\]\\\n])*\])
+    | (?P<capture>@[A-Za-z_][A-Za-z0-9_.\-]*:)
+    | (?P<func>(?:token|until|json|trigger)\()
+    | (?P<name>[A-Za-z_][A-Za-z0-9_]*)
+    | (?P<int>[0-9]+)
+    | (?P<quantifier>[?*+])
+    | (?P<eq>=) | (?P<bar>\|) | (?P<lparen>\() | (?P<rparen>\)) | (?P<lbrace>\{) | (?P<rbrace>\})
+    | (?P<comma>,) | (?P<dot>\.)
+    | (?P<end>\Z)
+    | (?P<bad>[\s\S])
+    )""", re.VERBOSE)
+_ITEM_START = frozenset({"capture", "string", "charclass", "dot", "name", "lparen", "func"})
+_QUANTIFIERS = {"?": (0, 1), "*": (0, None), "+": (1, None)}
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "0": "\0", "f": "\f", "b": "\b", "v": "\v"}
+_WIDTHS = {"u": 4, "x": 2, "U": 8}  # hex digits of \\uXXXX, \\xXX, \\UXXXXXXXX
+_HEX = frozenset("0123456789abcdefABCDEF")
+# The tokens hold escapes whole (a backslash and the character after it).
+_ESCAPE = re.compile(r"\\(u.{0,4}|x.{0,2}|U.{0,8}|.)", re.DOTALL)
+
+# The helpers below raise GrammarError without a position: the parser adds the item's (only
+# then is a line and column worth computing).
 
 
-def _unescape(body: str, line: int) -> list[str]:
-    """Decode escapes of a string or class body; returns one entry per character, escaped
-    class metacharacters prefixed with a backslash so the class parser can tell them apart."""
+def _escaped(escape: str) -> str:
+    """The character of an escape's text after the backslash (`n`, `u00e9`, `"`: itself)."""
+    kind = escape[0]
+    if kind in _WIDTHS:
+        digits = escape[1:]
+        if (len(digits) != _WIDTHS[kind] or any(d not in _HEX for d in digits)
+                or int(digits, 16) > MAX_UNICODE):
+            raise GrammarError(f"bad \\{kind} escape")
+        return chr(int(digits, 16))
+    return _ESCAPES.get(kind, kind)
+
+
+def _unescape(body: str) -> list[str]:
+    """Decode escapes of a class body; returns one entry per character, escaped
+    metacharacters (`\\-`, `\\]`) prefixed with a backslash so the class parser can tell them
+    apart."""
     chars: list[str] = []
-    i = 0
-    while i < len(body):
-        c = body[i]
-        if c != "\\":
-            chars.append(c)
-            i += 1
-            continue
-        if i + 1 >= len(body):
-            raise GrammarError("dangling backslash", line=line)
-        e = body[i + 1]
-        if e in _ESCAPES:
-            chars.append(_ESCAPES[e])
-            i += 2
-        elif e in "ux":
-            width = 4 if e == "u" else 2
-            digits = body[i + 2 : i + 2 + width]
-            if len(digits) != width or any(d not in "0123456789abcdefABCDEF" for d in digits):
-                raise GrammarError(f"bad \\{e} escape", line=line)
-            chars.append(chr(int(digits, 16)))
-            i += 2 + width
-        elif e == "U":
-            digits = body[i + 2 : i + 10]
-            if len(digits) != 8 or int(digits, 16) > MAX_UNICODE:
-                raise GrammarError("bad \\U escape", line=line)
-            chars.append(chr(int(digits, 16)))
-            i += 10
-        else:
-            chars.append("\\" + e)
-            i += 2
+    position = 0
+    for match in _ESCAPE.finditer(body):
+        chars.extend(body[position:match.start()])
+        escape = match.group(1)
+        known = escape[0] in _WIDTHS or escape[0] in _ESCAPES
+        chars.append(_escaped(escape) if known else "\\" + escape)
+        position = match.end()
+    chars.extend(body[position:])
     return chars
 
 
-def _char_class(text: str, line: int) -> CharClass:
+def _char_class(text: str) -> CharClass:
+    """The class `[...]` / `[^...]`: an escaped `-` is a character, never a range's dash."""
     body = text[1:-1]
     negated = body.startswith("^")
     if negated:
         body = body[1:]
-    items = [c[1] if len(c) == 2 else c for c in _unescape(body, line)]
-    literal = [len(c) == 2 for c in _unescape(body, line)]  # escaped: never a range dash
+    decoded = _unescape(body)
+    items = [c[1] if len(c) == 2 else c for c in decoded]
+    literal = [len(c) == 2 for c in decoded]
     ranges: list[tuple[int, int]] = []
     i = 0
     while i < len(items):
         if i + 2 < len(items) and items[i + 1] == "-" and not literal[i + 1]:
             lo, hi = ord(items[i]), ord(items[i + 2])
             if lo > hi:
-                raise GrammarError(f"bad character range {items[i]}-{items[i + 2]}", line=line)
+                raise GrammarError(f"bad character range {items[i]}-{items[i + 2]}")
             ranges.append((lo, hi))
             i += 3
         else:
             ranges.append((ord(items[i]), ord(items[i])))
             i += 1
     if not ranges and not negated:
-        raise GrammarError("empty character class", line=line)
+        raise GrammarError("empty character class")
     return CharClass(tuple(ranges), negated)
 
 
-def _string(token: Token) -> str:
-    body = str(token)[1:-1]
-    return "".join(c[1] if len(c) == 2 and c[0] == "\\" else c for c in _unescape(body, token.line))
+def _string(text: str) -> Literal:
+    """The literal `"..."` / `'...'`; a lone surrogate (`"\\ud800"`) has no UTF-8."""
+    value = text[1:-1]
+    if "\\" in value:
+        value = _ESCAPE.sub(lambda match: _escaped(match.group(1)), value)
+    try:
+        return Literal.of(value)
+    except UnicodeEncodeError:
+        raise GrammarError("string has a lone surrogate") from None
 
 
-class _ToIR(Transformer):
-    def __init__(self, schemas: dict[str, Any], line_offset: int):
-        super().__init__()
-        self.schemas = schemas
-        self.line_offset = line_offset
-
-    def _line(self, token: Token) -> int:
-        return (token.line or 1) + self.line_offset
-
-    def definition(self, children: list[Any]) -> tuple[str, Node]:
-        name, body = children
-        return str(name), body
-
-    def alternatives(self, children: list[Node]) -> Node:
-        return choice(*children)
-
-    def sequence(self, children: list[Node]) -> Node:
-        return seq(*children)
-
-    # Methods take the children list (no `v_args`: lark wraps such a method at every call,
-    # a third of a dialect grammar's parse with hundreds of tools).
-    def quantified(self, children: list[Any]) -> Node:
-        if len(children) == 1:
-            return children[0]
-        atom, quant = children
-        return {"?": Repeat(atom, 0, 1), "*": Repeat(atom, 0, None), "+": Repeat(atom, 1, None)}[
-            str(quant)
-        ]
-
-    def repeat_exact(self, children: list[Any]) -> Node:
-        atom, count = children
-        return Repeat(atom, count_literal(count), count_literal(count))
-
-    def repeat_range(self, children: list[Any]) -> Node:
-        atom, lo = children[0], count_literal(children[1])
-        hi = count_literal(children[2]) if len(children) > 2 else None
-        if hi is not None and hi < lo:
-            raise GrammarError(f"repetition {{{lo},{hi}}} has max < min", line=self._line(children[1]))
-        return Repeat(atom, lo, hi)
-
-    def capture(self, children: list[Any]) -> Node:
-        tag, atom = children
-        return Capture(str(tag)[1:-1], atom)
-
-    def string(self, children: list[Token]) -> Node:
-        return Literal.of(_string(children[0]))
-
-    def charclass(self, children: list[Token]) -> Node:
-        return _char_class(str(children[0]), self._line(children[0]))
-
-    def any_char(self, _children: list[Any]) -> Node:
-        return CharClass((), negated=True)
-
-    def ref(self, children: list[Token]) -> Node:
-        return Ref(str(children[0]))
-
-    def call(self, children: list[Any]) -> Node:
-        func_token, args = children[0], children[1:]
-        func = str(func_token)[:-1]
-        line = self._line(func_token)
-        if func == "token":
-            name = self._literal_arg(func, args, line)
-            return Special(name)
-        if func == "until":
-            stops: list[bytes] = []
-            for arg in args:
-                if isinstance(arg, Special):
-                    continue  # text never contains a special token: it always ends the text
-                if not isinstance(arg, Literal) or not arg.data:
-                    raise GrammarError("until() takes non-empty strings or token(...)", line=line)
-                stops.append(arg.data)
-            return Until(tuple(stops))
-        if func == "json":
-            if not args:
-                return JsonSchema("{}")
-            if len(args) != 1:
-                raise GrammarError("json() takes one schema name", line=line)
-            arg = args[0]
-            if isinstance(arg, Ref):
-                if arg.name not in self.schemas:
-                    raise GrammarError(f"json({arg.name}): no schema named {arg.name!r}", line=line)
-                schema = self.schemas[arg.name]
-                if isinstance(schema, JsonSchema):  # a schema with front-end options
-                    return schema
-            elif isinstance(arg, Literal):
-                try:
-                    schema = json.loads(arg.data)
-                except ValueError as exc:
-                    raise GrammarError(f"json(): invalid inline schema: {exc}", line=line) from exc
-            else:
-                raise GrammarError("json() takes a schema name or inline JSON text", line=line)
-            return JsonSchema(json.dumps(schema))
-        if func == "trigger":
-            if len(args) != 1:
-                raise GrammarError("trigger() takes one expression", line=line)
-            return Trigger(args[0])
-        raise GrammarError(f"unknown function {func}()", line=line)  # pragma: no cover
-
-    @staticmethod
-    def _literal_arg(func: str, args: list[Any], line: int) -> str:
+def _builtin(func: str, args: list[Node], schemas: dict[str, Any]) -> Node:
+    """The built-in `func(args...)`."""
+    if func == "token":
         if len(args) != 1 or not isinstance(args[0], Literal) or not args[0].data:
-            raise GrammarError(f'{func}() takes one non-empty string, e.g. {func}("<|end|>")', line=line)
-        return args[0].data.decode("utf-8")
+            raise GrammarError(f'{func}() takes one non-empty string, e.g. {func}("<|end|>")')
+        return Special(args[0].data.decode("utf-8"))
+    if func == "until":
+        stops: list[bytes] = []
+        for arg in args:
+            if isinstance(arg, Special):
+                continue  # text never contains a special token: it always ends the text
+            if not isinstance(arg, Literal) or not arg.data:
+                raise GrammarError("until() takes non-empty strings or token(...)")
+            stops.append(arg.data)
+        return Until(tuple(stops))
+    if func == "json":
+        if not args:
+            return JsonSchema("{}")
+        if len(args) != 1:
+            raise GrammarError("json() takes one schema name")
+        arg = args[0]
+        if isinstance(arg, Ref):
+            if arg.name not in schemas:
+                raise GrammarError(f"json({arg.name}): no schema named {arg.name!r}")
+            schema = schemas[arg.name]
+            if isinstance(schema, JsonSchema):  # a schema with front-end options
+                return schema
+        elif isinstance(arg, Literal):
+            try:
+                schema = json.loads(arg.data)
+            except ValueError as exc:
+                raise GrammarError(f"json(): invalid inline schema: {exc}") from exc
+        else:
+            raise GrammarError("json() takes a schema name or inline JSON text")
+        return JsonSchema(json.dumps(schema))
+    if len(args) != 1:  # trigger, the tokenizer's last built-in
+        raise GrammarError("trigger() takes one expression")
+    return Trigger(args[0])
+
+
+class _Parser:
+    """Recursive descent over one definition (`name = expr`), reading tokens as it goes (a
+    definition nested too deeply is refused at the level past the bound, unread beyond)::
+
+        expr    = item* ("|" item*)*
+        item    = capture* primary (quantifier | "{" int "}" | "{" int "," int? "}")?
+        primary = string | charclass | "." | name | "(" expr ")" | func ")"
+                | func expr ("," expr)* ")"
+
+    `depth` counts the groups, call arguments and captures around what is being parsed."""
+
+    def __init__(self, definition: str, first_line: int, schemas: dict[str, Any]):
+        self.definition = definition
+        self.first_line = first_line
+        self.schemas = schemas
+        self._tokens = _TOKEN.finditer(definition)
+        self.token = next(self._tokens)
+        self.kind = self.token.lastgroup
+
+    def parse(self) -> tuple[str, Node]:
+        name = self._expect("name").group("name")
+        self._expect("eq")
+        body = self._expr(0)
+        if self.kind != "end":
+            raise self._unexpected(self.token)
+        return name, body
+
+    def _advance(self) -> re.Match[str]:
+        """Move to the next token; returns the current one (never the end: nothing takes it)."""
+        token = self.token
+        self.token = next(self._tokens)
+        self.kind = self.token.lastgroup
+        return token
+
+    def _expect(self, kind: str) -> re.Match[str]:
+        if self.kind != kind:
+            raise self._unexpected(self.token)
+        return self._advance()
+
+    def _expr(self, depth: int) -> Node:
+        alternatives: list[Node] = []
+        items: list[Node] = []
+        while True:
+            kind = self.kind
+            if kind in _ITEM_START:
+                items.append(self._item(depth))
+            elif kind == "bar":
+                alternatives.append(seq(*items))
+                items = []
+                self._advance()
+            else:
+                alternatives.append(seq(*items))
+                return choice(*alternatives)
+
+    def _item(self, depth: int) -> Node:
+        tags: list[str] = []
+        while self.kind == "capture":
+            depth += 1
+            self._check_depth(depth, self.token)
+            tags.append(self._advance().group("capture")[1:-1])
+        kind = self.kind
+        if kind == "end":
+            raise self._unexpected(self.token)
+        token = self._advance()
+        node: Node
+        if kind == "name":
+            node = Ref(token.group(kind))
+        elif kind == "string":
+            node = self._built(token, _string, token.group(kind))
+        elif kind == "charclass":
+            node = self._built(token, _char_class, token.group(kind))
+        elif kind == "dot":
+            node = CharClass((), negated=True)  # a node of its own, as each item
+        elif kind == "lparen":
+            self._check_depth(depth + 1, token)
+            node = self._expr(depth + 1)
+            self._expect("rparen")
+        elif kind == "func":
+            node = self._call(token, depth + 1)
+        else:
+            raise self._unexpected(token)
+        if self.kind == "quantifier":
+            node = Repeat(node, *_QUANTIFIERS[self._advance().group("quantifier")])
+        elif self.kind == "lbrace":
+            node = self._counted(node)
+        for tag in reversed(tags):
+            node = Capture(tag, node)
+        return node
+
+    def _call(self, func: re.Match[str], depth: int) -> Node:
+        """A built-in's arguments: `f()` has none, an argument between commas may be empty."""
+        args: list[Node] = []
+        if self.kind == "rparen":
+            self._advance()
+        else:
+            self._check_depth(depth, func)
+            args.append(self._expr(depth))
+            while self.kind == "comma":
+                self._advance()
+                args.append(self._expr(depth))
+            self._expect("rparen")
+        return self._built(func, _builtin, func.group("func")[:-1], args, self.schemas)
+
+    def _counted(self, item: Node) -> Node:
+        """`{m}`, `{m,}` or `{m,n}` after `item` (the current token is the `{`)."""
+        self._advance()
+        low_token = self._expect("int")
+        low = count_literal(low_token.group("int"))
+        if self.kind == "rbrace":
+            self._advance()
+            return Repeat(item, low, low)
+        self._expect("comma")
+        high = count_literal(self._advance().group("int")) if self.kind == "int" else None
+        self._expect("rbrace")
+        if high is not None and high < low:
+            raise self._error(f"repetition {{{low},{high}}} has max < min", low_token)
+        return Repeat(item, low, high)
+
+    def _built(self, token: re.Match[str], build: Callable[..., Node], *args: Any) -> Node:
+        """`build(*args)`, its error placed at `token`."""
+        try:
+            return build(*args)
+        except GrammarError as exc:
+            raise self._error(str(exc), token) from None
+
+    def _check_depth(self, depth: int, token: re.Match[str]) -> None:
+        if depth > MAX_NESTING:
+            raise self._error(f"groups and captures nested too deeply (limit {MAX_NESTING})",
+                              token)
+
+    def _unexpected(self, token: re.Match[str]) -> GrammarError:
+        kind = token.lastgroup
+        if kind == "end":
+            return self._error("unexpected end of rule", token)
+        text = token.group(kind)
+        if kind == "bad":
+            hint = " (lookahead & and ! are not supported)" if text in "&!" else ""
+            return self._error(f"unexpected character {text!r}{hint}", token)
+        return self._error(f"unexpected {text!r}", token)
+
+    def _error(self, message: str, token: re.Match[str]) -> GrammarError:
+        """`message` at the token (the end: just past the last token)."""
+        kind = token.lastgroup
+        offset = token.start() if kind == "end" else token.start(kind)
+        definition = self.definition
+        line = self.first_line + definition.count("\n", 0, offset)
+        return GrammarError(message, line=line, column=offset - definition.rfind("\n", 0, offset))
 
 
 def _logical_lines(text: str) -> list[tuple[int, str]]:
     """Group physical lines into definitions: a line that starts at column 0 with something
-    other than `|` or `#` starts a new definition; others continue the current one."""
+    other than `|` or `#` starts a new definition; others continue the current one. A blank
+    line inside a definition stays (empty), so that lines count as in the text."""
     definitions: list[tuple[int, list[str]]] = []
     for number, line in enumerate(text.splitlines(), start=1):
         stripped = line.strip()
@@ -271,7 +355,9 @@ def _logical_lines(text: str) -> list[tuple[int, str]]:
         if starts_new or not definitions:
             definitions.append((number, [line]))
         else:
-            definitions[-1][1].append(line)
+            first, lines = definitions[-1]
+            lines.extend([""] * (number - first - len(lines)))
+            lines.append(line)
     return [(number, "\n".join(lines)) for number, lines in definitions]
 
 
@@ -280,19 +366,8 @@ def peg_to_ir(text: str, *, start: str | None = None,
     """Parse PEG DSL text into a checked `GrammarIR` (undefined rules and left recursion are
     reported here, with the offending rule)."""
     rules: dict[str, Node] = {}
-    transformer = _ToIR(schemas or {}, 0)  # one for all: making one wraps all its methods
     for first_line, definition in _logical_lines(text):
-        try:
-            tree = _PARSER.parse(definition)
-            _check_nesting(tree, first_line)
-            transformer.line_offset = first_line - 1
-            name, body = transformer.transform(tree)
-        except VisitError as exc:
-            if isinstance(exc.orig_exc, GrammarError):
-                raise exc.orig_exc from None
-            raise
-        except UnexpectedInput as exc:
-            raise _syntax_error(exc, definition, first_line) from None
+        name, body = _Parser(definition, first_line, schemas or {}).parse()
         if name in rules:
             raise GrammarError(f"rule {name!r} is defined twice", line=first_line, column=1)
         rules[name] = body
@@ -302,45 +377,3 @@ def peg_to_ir(text: str, *, start: str | None = None,
     ir = GrammarIR(rules, start_rule)
     check_rules(ir)
     return ir
-
-
-def _check_nesting(tree: Tree, first_line: int) -> None:
-    """Refuse a definition whose groups and captures nest past `MAX_NESTING`, walking
-    the parse tree without recursion (the LALR parse itself never recurses)."""
-    stack: list[tuple[Tree, int]] = [(tree, 0)]
-    while stack:
-        node, depth = stack.pop()
-        if node.data in _NESTING_NODES:
-            depth += 1
-            if depth > MAX_NESTING + 1:  # the rule body is the first sequence
-                line, column = _position(node, first_line)
-                raise GrammarError(f"groups and captures nested too deeply (limit "
-                                   f"{MAX_NESTING})", line=line, column=column)
-        stack.extend((child, depth) for child in node.children if isinstance(child, Tree))
-
-
-def _position(node: Tree, first_line: int) -> tuple[int | None, int | None]:
-    """Where a parse tree node's first token is in the grammar text (iteratively: the node
-    may be deep)."""
-    stack: list[Tree | Token] = [node]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, Token):
-            return first_line + (item.line or 1) - 1, item.column
-        stack.extend(reversed(item.children))
-    return first_line, None
-
-
-def _syntax_error(exc: UnexpectedInput, definition: str, first_line: int) -> GrammarError:
-    line = first_line + (exc.line - 1 if exc.line and exc.line > 0 else 0)
-    column = exc.column if exc.column and exc.column > 0 else None
-    if isinstance(exc, UnexpectedEOF):
-        return GrammarError("unexpected end of rule", line=line, column=column)
-    if isinstance(exc, UnexpectedCharacters):
-        char = definition[exc.pos_in_stream] if exc.pos_in_stream is not None else "?"
-        hint = " (lookahead & and ! are not supported)" if char in "&!" else ""
-        return GrammarError(f"unexpected character {char!r}{hint}", line=line, column=column)
-    token = getattr(exc, "token", None)
-    if token is not None and token.type == "$END":
-        return GrammarError("unexpected end of rule", line=line, column=column)
-    return GrammarError(f"unexpected {str(token)!r}", line=line, column=column)

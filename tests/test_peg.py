@@ -1,5 +1,7 @@
 """The PEG DSL: syntax, captures, built-ins and precise errors."""
 
+import re
+
 import pytest
 
 from pegmask.grammars import Grammar, GrammarError, GrammarTooLarge, ParseError
@@ -98,6 +100,22 @@ def test_error_has_line_and_column():
         Grammar.from_peg('a = "x"\nroot = a\n     | "y" %')
     assert info.value.line == 3
     assert info.value.column is not None
+
+
+@pytest.mark.parametrize(("text", "message", "line", "column"), [
+    ('root = "a" &b', "lookahead", 1, 12),
+    ('a = "x"\n\n# note\nroot = a\n\n     | "y" )  # blank lines count', "unexpected ')'", 6, 12),
+    ("root = foo(  # the rule ends after the (\n", "unexpected end of rule", 1, 12),
+    ('root = "a"\n  [a-z]{5,2}', "max < min", 2, 9),
+    ('root = "ok"\n  "\\ud800"', "lone surrogate", 2, 3),
+    ('root = "ok" "\\U0x000041"', "bad \\U escape", 1, 13),
+    ('root = "x"\n  | trigger()', "trigger() takes one expression", 2, 5),
+    ("root = (((", "unexpected end of rule", 1, 11),
+])
+def test_errors_point_at_the_offending_token(text, message, line, column):
+    with pytest.raises(GrammarError, match=re.escape(message)) as info:
+        Grammar.from_peg(text)
+    assert (info.value.line, info.value.column) == (line, column)
 
 
 def test_parse_error_position():
