@@ -2,7 +2,7 @@
 which dialect a chat template writes.
 
     get_dialect("hermes", reasoning=False) -> Dialect
-    detect_dialect(chat_template) -> "hermes" | "mistral" | ... | "unknown"
+    detect_dialect(chat_template) -> "hermes" | "mistral" | ... | "derived" | "unknown"
     get_dialect(detect_dialect(t), chat_template=t)   # options the template implies applied
 
 A family is a `Dialect` subclass that declares its `name` and `priority`, defined in a module of
@@ -10,6 +10,8 @@ this package: adding one edits no shared file. Detection renders a probe convers
 template (one assistant call of a tool named `pegmask_probe`, as transformers would render it)
 and asks each family, in ascending `priority`, whether the rendering is its format
 (`Dialect.owns_template`); more specific formats come first. A template no family claims is
+"derived" where its turn structure can be derived from its own renderings
+(`pegmask.dialects.derive`; `get_dialect("derived", chat_template=t)` builds that dialect), else
 "unknown": a wrong guess would constrain the model to a format it was never trained on, and
 parse its calls as content.
 """
@@ -24,6 +26,7 @@ from importlib import import_module
 from typing import Any
 
 from pegmask.dialects.base import Dialect
+from pegmask.dialects.derive import DERIVED, derive_dialect, derives
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +82,14 @@ def dialect_class(name: str) -> type[Dialect]:
 
 def get_dialect(name: str, **options: Any) -> Dialect:
     """The dialect called `name`, configured by its options (e.g. ``version="v3.2"``). With a
-    ``chat_template``, the options that template implies come first (explicit ones win)."""
+    ``chat_template``, the options that template implies come first (explicit ones win).
+    "derived": the dialect derived from ``chat_template`` (`derive_dialect`)."""
+    if name == DERIVED:
+        template = options.pop("chat_template", None)
+        if not template:
+            raise ValueError('dialect "derived" is derived from a chat template: pass '
+                             "chat_template=")
+        return derive_dialect(template, **options)
     cls = dialect_class(name)
     template = options.get("chat_template")
     if template:
@@ -88,20 +98,23 @@ def get_dialect(name: str, **options: Any) -> Dialect:
 
 
 def dialect_options(name: str, template: str | None) -> dict[str, Any]:
-    """The options `template` implies for dialect `name` (empty without a template)."""
-    return dialect_class(name).template_options(template) if template else {}
+    """The options `template` implies for dialect `name` (empty without a template, and for a
+    derived dialect, which reads them off the template itself)."""
+    if name == DERIVED or not template:
+        return {}
+    return dialect_class(name).template_options(template)
 
 
 def detect_dialect(template: str | None) -> str:
-    """The registered dialect whose calls `template` writes, or "unknown" (also for no
-    template): never a guess."""
+    """The registered dialect whose calls `template` writes, else "derived" where the template's
+    own renderings give its format, else "unknown" (also for no template): never a guess."""
     if not template:
         return UNKNOWN
     renderings = probe_renderings(template)
     for name, cls in _families().items():
         if cls.owns_template(template, renderings):
             return name
-    return UNKNOWN
+    return DERIVED if derives(template) else UNKNOWN
 
 
 # ------------------------------------------------------------------------------ the probe

@@ -5,6 +5,7 @@
     pegmask chat                                    # interactive, streamed
     pegmask serve --host 127.0.0.1 --port 8000 [--model PATH]
     pegmask run-batch -i in.jsonl -o out.jsonl      # OpenAI request bodies, one per line
+    pegmask dialect TEMPLATE [--eos-token T]        # the dialect of a chat template, as derived
     pegmask bench grammars|tools|e2e|serve|compile [--quick] [ARGS...]  # benchmarks
 
 `--model` takes a GGUF file or a local Hugging Face folder; without it the embedded
@@ -93,6 +94,15 @@ def _parser() -> argparse.ArgumentParser:
     batch.add_argument("-i", "--input", required=True, type=Path)
     batch.add_argument("-o", "--output", required=True, type=Path)
     batch.set_defaults(run=_run_batch)
+
+    dialect = commands.add_parser(
+        "dialect", help="the tool-call format a chat template writes: its family, and what "
+                        "pegmask derives from the template alone")
+    dialect.add_argument("template", help="a chat template (a .jinja file, or its text)")
+    dialect.add_argument("--eos-token", default="",
+                         help="the tokenizer's eos_token, for templates that end turns with it")
+    dialect.add_argument("--bos-token", default="", help="the tokenizer's bos_token")
+    dialect.set_defaults(run=_dialect)
 
     bench = commands.add_parser("bench", help="benchmarks (pegmask.bench modules)",
                                 add_help=False)
@@ -389,6 +399,25 @@ def _batch_line(line: Any, answer: dict[str, Any]) -> dict[str, Any]:
     return {"id": f"batch_req_{line.get('custom_id', '')}", "custom_id": line.get("custom_id"),
             "response": {"status_code": 400 if failed else 200, "body": answer},
             "error": None}
+
+
+def _dialect(args: argparse.Namespace, _: list[str]) -> int:
+    """Print the family `detect_dialect` picks and the format derived from the template (or why
+    none derives), so that a user can check what a template's turns are taken to be."""
+    from pegmask.dialects import DerivationError, detect_dialect
+    from pegmask.dialects.derive import derive_format
+    from pegmask.dialects.templating import resolve_chat_template
+
+    template = resolve_chat_template(args.template)
+    print(f"detected: {detect_dialect(template)}")
+    try:
+        turn = derive_format(template, bos_token=args.bos_token, eos_token=args.eos_token)
+    except DerivationError as exc:
+        print(f"derived: none ({exc})")
+        return 1
+    print("derived:")
+    print("\n".join("  " + line for line in turn.describe().splitlines()))
+    return 0
 
 
 def _bench(args: argparse.Namespace, rest: list[str]) -> int:

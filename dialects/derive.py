@@ -1,0 +1,605 @@
+"""Dialects derived from a chat template alone: for a template no family module claims, the
+assistant turn's structure is read off the template's own renderings of probe conversations.
+
+    derive_dialect(template, eos_token="</s>") -> DerivedDialect   # or DerivationError
+    derive_format(template) -> TurnFormat                           # what was derived
+
+The probes are conversations whose assistant turn holds distinctive text: a content
+(`PGCONTENT`), a reasoning (`PGREASON`), one call, a call without arguments, two calls (of
+`pgfn_one` and `pgfn_two`, ids `pgcallida` / `pgcallidb`) and a call with a nested argument. Each
+turn is the text the template writes after the generation prompt; their differences give:
+
+* the end of the turn (the first token after the content) and the reasoning delimiters;
+* the call section: the text before the first call (`open`), between calls (`sep`) and after
+  the last (`close`), found by diffing one call against two (the calls' text repeats);
+* a call's framing around its name: the text before it (`head`) and after it; in that text, the
+  arguments are a JSON object (after the name, or in one object with the name under two keys),
+  or key/value parameters whose framing (`param_open` KEY `param_mid` VALUE `param_close`) is
+  diffed from a call with two arguments and one with none;
+* call ids (`pgcallida`) and indices (0/1 or 1/2 where the calls differ) the framing holds.
+
+From the format, `DerivedDialect` writes the `.peg` sections a family module would (the rules
+`TurnDialect` composes), so triggers, tool_choice, parallel calls, reasoning and the closing of
+a turn are those of the families. Framing that looks like a tag (`<...>`, `[UPPER]`) is a
+special token: a vocabulary without it spells it (`grammars/spelling.py`), so this costs nothing
+where the guess is wrong. What cannot be derived raises `DerivationError`, naming it.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from pegmask.dialects.base import TurnDialect, peg_literal
+
+DERIVED = "derived"
+
+#: framing placeholders: the call's id and its index (as the template writes them)
+ID_SLOT = "\ue000"
+INDEX_SLOT = "\ue001"
+_SLOT_PEG = {ID_SLOT: "[A-Za-z0-9_.:\\-]{1,64}", INDEX_SLOT: "[0-9]{1,4}"}
+
+# A special token's spelling: <tag>, </tag>, <|tag|>, <|tag>, <tag|>, <｜tag｜>, [UPPER_CASE].
+_TOKEN = re.compile(r"<[^<>\s\"']+>|\[/?[A-Z][A-Z_]*\]")
+
+_CONTENT, _REASON = "PGCONTENT", "PGREASON"
+_NAMES = ("pgfn_one", "pgfn_two")
+_IDS = ("pgcallida", "pgcallidb")  # nine alphanumerics: Mistral's templates check the shape
+_STRINGS = {"pgk_a": "pgv_a", "pgk_b": "pgv_b"}
+_NESTED = {"x": [1, True, None]}
+_NESTED_ARGS = {"pgk_a": "pgv_a", "pgk_n": _NESTED}
+_PROPERTIES = {"pgk_a": {"type": "string"}, "pgk_b": {"type": "string"},
+               "pgk_n": {"type": "object"}}
+_TOOLS = [{"type": "function", "function": {
+    "name": name, "description": "Probe.",
+    "parameters": {"type": "object", "properties": _PROPERTIES, "required": []}}}
+    for name in _NAMES]
+_HISTORY = [{"role": "system", "content": "System."}, {"role": "user", "content": "Question?"}]
+
+
+class DerivationError(ValueError):
+    """A chat template whose assistant turn could not be derived; the message says what."""
+
+
+# --------------------------------------------------------------------------- what is derived
+@dataclass(frozen=True)
+class TurnFormat:
+    """An assistant turn's structure, as derived from a template. Framing strings may hold
+    `ID_SLOT` / `INDEX_SLOT`."""
+
+    eos: tuple[str, ...]  # what ends a turn (special tokens)
+    think_open: str | None  # reasoning delimiters (None: the template writes no reasoning)
+    think_close: str | None
+    reasoning_default: bool | None  # True: the generation prompt opens reasoning
+    open: str  # before the first call of a turn
+    sep: str  # between calls
+    close: str  # after the last call
+    head: str  # a call's framing before its name (or before its JSON object)
+    arguments: str  # "object" (one JSON object with the name), "json" (after the name), "params"
+    tail: str = ""  # a call's framing after its arguments (or its parameters)
+    mid: str = ""  # json: between the name and the arguments; params: after the name
+    keys: tuple[str, str] = ("name", "arguments")  # object: the name's and arguments' keys,
+    name_first: bool = True  # object: in this order
+    param_open: str = ""  # params: KEY between param_open and param_mid, then the value,
+    param_mid: str = ""  # then param_close; parameters joined by param_sep
+    param_close: str = ""
+    param_sep: str = ""
+    values: str = "json"  # params: how non-string values are written ("json" or "python")
+    notes: tuple[str, ...] = field(default=())
+
+    def describe(self) -> str:
+        """What was derived, one line a part (what `pegmask dialect TEMPLATE` prints)."""
+        def show(text: str | None) -> str:
+            if text is None:
+                return "-"
+            return repr(text.replace(ID_SLOT, "{id}").replace(INDEX_SLOT, "{index}"))
+
+        lines = [f"end of turn:  {' | '.join(map(show, self.eos)) or '-'}",
+                 f"reasoning:    {show(self.think_open)} ... {show(self.think_close)}"
+                 f" (default: {self.reasoning_default})",
+                 f"call section: {show(self.open)} call ({show(self.sep)} call)* "
+                 f"{show(self.close)}"]
+        if self.arguments == "object":
+            first, second = ("{name}", "{arguments}") if self.name_first else \
+                ("{arguments}", "{name}")
+            keys = self.keys if self.name_first else self.keys[::-1]
+            lines.append(f"call:         {show(self.head)} {{{keys[0]!r}: {first}, "
+                         f"{keys[1]!r}: {second}}} {show(self.tail)}")
+        elif self.arguments == "json":
+            lines.append(f"call:         {show(self.head)} NAME {show(self.mid)} "
+                         f"JSON-ARGUMENTS {show(self.tail)}")
+        else:
+            lines.append(f"call:         {show(self.head)} NAME {show(self.mid)} "
+                         f"(PARAMETER ({show(self.param_sep)} PARAMETER)*)? {show(self.tail)}")
+            lines.append(f"parameter:    {show(self.param_open)} KEY {show(self.param_mid)} "
+                         f"VALUE {show(self.param_close)} (values other than strings: "
+                         f"{self.values})")
+        lines += [f"note:         {note}" for note in self.notes]
+        return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- text helpers
+def _snap_end(text: str, n: int) -> int:
+    """`n`, moved back to the start of a token that `text[:n]` cuts in two."""
+    for start, end in _token_spans(text):
+        if start < n < end:
+            return start
+    return n
+
+
+def _snap_start(text: str, n: int) -> int:
+    """`n`, moved on to the end of a token that `text[n:]` starts inside."""
+    for start, end in _token_spans(text):
+        if start < n < end:
+            return end
+    return n
+
+
+def _token_spans(text: str) -> list[tuple[int, int]]:
+    return [match.span() for match in _TOKEN.finditer(text)]
+
+
+def common_prefix(a: str, b: str) -> int:
+    """Length of the longest common prefix of `a` and `b` that cuts no token of `a` nor an
+    opening `<` or `[` from the rest of its tag (`<function=` vs `</function>`)."""
+    n = _snap_end(a, len(os.path.commonprefix([a, b])))
+    opened = max(a.rfind("<", 0, n), a.rfind("[", 0, n))
+    if opened >= 0 and not re.search(r"[>\]]", a[opened:n]):
+        return opened
+    return n
+
+
+def common_suffix(a: str, b: str) -> int:
+    """Length of the longest common suffix of `a` and `b` that cuts no token of `a`."""
+    n = len(os.path.commonprefix([a[::-1], b[::-1]]))
+    return len(a) - _snap_start(a, len(a) - n)
+
+
+def _first_token(text: str) -> str | None:
+    """The token `text` starts with (after whitespace), if it starts with one."""
+    match = _TOKEN.match(text.lstrip())
+    return match.group() if match else None
+
+
+def framing_peg(text: str) -> str:
+    """PEG for framing text: tags as special tokens, slots as their patterns, the rest as
+    literals (`""` when empty)."""
+    parts: list[str] = []
+    position = 0
+    pattern = re.compile(_TOKEN.pattern + "|[" + ID_SLOT + INDEX_SLOT + "]")
+    for match in pattern.finditer(text):
+        if match.start() > position:
+            parts.append(peg_literal(text[position:match.start()]))
+        piece = match.group()
+        parts.append(_SLOT_PEG[piece] if piece in _SLOT_PEG else f"token({peg_literal(piece)})")
+        position = match.end()
+    if position < len(text):
+        parts.append(peg_literal(text[position:]))
+    return " ".join(parts) or '""'
+
+
+def _json_at(text: str, start: int) -> tuple[Any, int] | None:
+    """The JSON value at `text[start:]` and where it ends, or None."""
+    try:
+        return json.JSONDecoder().raw_decode(text, start)
+    except ValueError:
+        return None
+
+
+def _find_json(text: str, value: Any) -> tuple[int, int] | None:
+    """Where `text` writes `value` as a JSON object (first place), or None."""
+    for match in re.finditer(r"\{", text):
+        found = _json_at(text, match.start())
+        if found is not None and found[0] == value:
+            return match.start(), found[1]
+    return None
+
+
+# --------------------------------------------------------------------------- the probes
+class _Probes:
+    """Renders assistant turns of the probe conversation with one template."""
+
+    def __init__(self, template: str, template_kwargs: dict[str, Any]):
+        from pegmask.dialects.templating import render_chat_template
+
+        self.template = template
+        self.kwargs = template_kwargs
+        self._render_template = render_chat_template
+        self.header = ""  # the generation prompt's turn header (of the last turn rendered)
+
+    def _render(self, messages: list[dict[str, Any]], prompt: bool) -> str:
+        return self._render_template(self.template, messages, tools=_TOOLS,
+                                     add_generation_prompt=prompt, **self.kwargs)
+
+    def turn(self, message: dict[str, Any]) -> str:
+        """The text of `message` as the template writes it after the generation prompt (to the
+        end of the rendering)."""
+        before = self._render(_HISTORY, False)
+        prompt = self._render(_HISTORY, True)
+        full = self._render([*_HISTORY, message], False)
+        shared = common_prefix(full, before)
+        header, region = prompt[shared:], full[shared:]
+        self.header = header
+        return region[common_prefix(region, header):]
+
+    def calls(self, calls: Sequence[tuple[str, dict[str, Any]]]) -> str:
+        """The turn of a message holding only `calls`: arguments as an object, else as JSON
+        text, content "" else None (templates expect one or the other); "" if none renders
+        the names."""
+        for as_text in (False, True):
+            for content in ("", None):
+                message = {"role": "assistant", "content": content, "tool_calls": [
+                    {"id": _IDS[i], "type": "function",
+                     "function": {"name": name, "arguments": json.dumps(args) if as_text
+                                  else args}} for i, (name, args) in enumerate(calls)]}
+                try:
+                    text = self.turn(message)
+                except Exception:  # noqa: BLE001, S112 - a template may fail in any way
+                    continue
+                if all(name in text for name, _ in calls):
+                    return text
+        return ""
+
+
+# --------------------------------------------------------------------------- derivation
+def derive_format(template: str, **template_kwargs: Any) -> TurnFormat:
+    """The turn structure `template` writes (`template_kwargs`: its variables, e.g.
+    `eos_token`, which some templates end a turn with); `DerivationError` says what fails."""
+    return _derive(template, tuple(sorted(template_kwargs.items())))
+
+
+@functools.lru_cache(maxsize=32)
+def _derive(template: str, kwargs: tuple[tuple[str, Any], ...]) -> TurnFormat:
+    probes = _Probes(template, {"bos_token": "", "eos_token": "", **dict(kwargs)})
+    try:
+        text = probes.turn({"role": "assistant", "content": _CONTENT})
+    except Exception as exc:
+        raise DerivationError(f"the template cannot render an assistant turn: {exc}") from exc
+    if _CONTENT not in text:
+        raise DerivationError("the template does not write an assistant turn's content")
+    before, after = text.split(_CONTENT, 1)
+    notes: list[str] = []
+    think_open, think_close, default = _reasoning(probes, before, after)
+    if think_close is not None:
+        before = before.replace(think_close, "").replace(think_open or think_close, "")
+    if before.strip():
+        raise DerivationError(f"the template writes {before.strip()!r} before a turn's content")
+    # the end of a turn is a special token, whether or not it looks like a tag ("[e~[")
+    end = _first_token(after) or next(iter(after.split()), None)
+
+    one = probes.calls([(_NAMES[0], _STRINGS)])
+    if not one:
+        raise DerivationError("the template writes no tool calls (a call's name is not in its "
+                              "rendering)")
+    two = probes.calls([(_NAMES[0], _STRINGS), (_NAMES[1], _STRINGS)])
+    if not two:
+        raise DerivationError("the template cannot write two calls in one turn")
+    section_one, ends = _section(one, text, after)
+    section_two, _ = _section(two, text, after)
+    if section_two.count(_NAMES[0]) != 1 or section_two.count(_NAMES[1]) != 1:
+        raise DerivationError("the template writes a call's name more than once")
+    eos = tuple(dict.fromkeys(token for token in (end, ends) if token))
+    layout = _calls_layout(section_one, section_two)
+    open_, head, tail_one, sep, close = layout
+    common = {"eos": eos, "think_open": think_open, "think_close": think_close,
+              "reasoning_default": default, "open": open_, "sep": sep, "close": close,
+              "notes": tuple(notes)}
+    if not (open_ or head).strip():
+        raise DerivationError("a turn's calls start with no marker (their name comes first)")
+    found = _find_json(tail_one, _STRINGS)
+    if found is not None:
+        return _json_format(head, tail_one, found, common)
+    empty = probes.calls([(_NAMES[0], {})])
+    if not empty:
+        raise DerivationError("the template cannot write a call without arguments")
+    nested = probes.calls([(_NAMES[0], _NESTED_ARGS)])
+    return _params_format(head, tail_one, _section(empty, text, after)[0], nested, common)
+
+
+def _reasoning(probes: _Probes, before: str, after: str
+               ) -> tuple[str | None, str | None, bool | None]:
+    """(opening, closing delimiter, default mode) of reasoning, from a turn with
+    reasoning_content beside the content's."""
+    try:
+        text = probes.turn({"role": "assistant", "content": _CONTENT,
+                            "reasoning_content": _REASON})
+    except Exception:  # noqa: BLE001 - a template may fail in any way
+        return None, None, False
+    if _REASON not in text or _CONTENT not in text:
+        return None, None, False
+    ahead, behind = text.split(_REASON, 1)
+    close = _first_token(behind)
+    if close is None:
+        raise DerivationError(f"reasoning is not closed by a special token: {behind[:40]!r}")
+    opening = "<" + close[2:] if close.startswith("</") else None
+    prompt_opens = opening is not None and probes.header.rstrip().endswith(opening)
+    if opening is not None and (ahead.rstrip().endswith(opening) or prompt_opens):
+        # opened in the turn (detected) or by the generation prompt (on)
+        return opening, close, True if prompt_opens else None
+    if not ahead.strip() and before.lstrip().startswith(close):
+        # the turn starts inside reasoning: its opening is the prompt's
+        return opening or close, close, True
+    raise DerivationError(f"reasoning is not opened by a counterpart of {close!r}")
+
+
+def _section(turn: str, text: str, after: str) -> tuple[str, str | None]:
+    """The calls of a calls-only turn, with the token ending it: the turn without what the
+    content-only turn also writes before its content and at its end."""
+    content_at = text.index(_CONTENT)
+    start = min(common_prefix(turn, text), content_at)
+    end = len(turn) - min(common_suffix(turn, text), len(after))
+    section = turn[start:end]
+    if not section.strip():
+        raise DerivationError("the template writes no calls")
+    closing = turn[end:]
+    return section.strip(), _first_token(closing)
+
+
+def _calls_layout(one: str, two: str) -> tuple[str, str, str, str, str]:
+    """(open, head, text after the first name, sep, close) of the call section, from one call
+    and two: a call is `head NAME tail`; ids and indices in head and tail become slots."""
+    at_one = one.index(_NAMES[0])
+    before, after = one[:at_one], one[at_one + len(_NAMES[0]):]
+    first, second = two.index(_NAMES[0]), two.index(_NAMES[1])
+    between = two[first + len(_NAMES[0]):second]
+    tail = between[:common_prefix(between, after)]
+    tail = after[:len(tail)]
+    head_length = common_suffix(before, between)
+    if len(tail) + head_length > len(between):
+        head_length = len(between) - len(tail)
+    head = before[len(before) - head_length:]
+    sep = between[len(tail):len(between) - head_length]
+    open_, close = before[:len(before) - head_length], after[len(tail):]
+    if not two.startswith(open_ + head) or not two.endswith(close):
+        raise DerivationError("two calls are not one call's text repeated")
+    head_two = two[second - head_length:second]
+    tail_two = two[second + len(_NAMES[1]):len(two) - len(close)]
+    slots = [_slots(head, head_two, "before"), _slots(tail, tail_two, "after")]
+    return open_, slots[0], slots[1], sep, close
+
+
+def _slots(first: str, second: str, where: str) -> str:
+    """`first` (the first call's framing) with its id and index as slots, checked against
+    `second` (the second call's)."""
+    first, second = first.replace(_IDS[0], ID_SLOT), second.replace(_IDS[1], ID_SLOT)
+    if first == second:
+        return first
+    if len(first) == len(second):
+        diff = [i for i, (a, b) in enumerate(zip(first, second, strict=True)) if a != b]
+        for base in ("0", "1"):
+            nxt = str(int(base) + 1)
+            if all(first[i] == base and second[i] == nxt for i in diff):
+                return "".join(INDEX_SLOT if i in diff else ch for i, ch in enumerate(first))
+    raise DerivationError(f"the framing {where} a call's name differs between calls: "
+                          f"{first!r} and {second!r}")
+
+
+def _json_format(head: str, tail: str, found: tuple[int, int],
+                 common: dict[str, Any]) -> TurnFormat:
+    """A call whose arguments are a JSON object: after the name, or with it in one object."""
+    text = head + _NAMES[0] + tail
+    args_start, args_end = found[0] + len(head) + len(_NAMES[0]), found[1] + len(head) \
+        + len(_NAMES[0])
+    for match in reversed(list(re.finditer(r"\{", head))):
+        value = _json_at(text, match.start())
+        if value is None or not isinstance(value[0], dict) or value[1] < args_end:
+            continue
+        obj, obj_end = value
+        names = [key for key, item in obj.items() if item == _NAMES[0]]
+        arguments = [key for key, item in obj.items() if item == _STRINGS]
+        if not names or not arguments:
+            continue
+        others = sorted(set(obj) - {names[0], arguments[0]})
+        if others:
+            raise DerivationError(f"a call's JSON object holds keys beside its name and "
+                                  f"arguments: {others}")
+        name_first = list(obj).index(names[0]) < list(obj).index(arguments[0])
+        return TurnFormat(arguments="object", head=head[:match.start()],
+                          tail=text[obj_end:], keys=(names[0], arguments[0]),
+                          name_first=name_first, **common)
+    if _NAMES[0] in text[args_start:args_end]:
+        raise DerivationError("a call's name is a key of its arguments' object")
+    if '"' + _NAMES[0] + '"' in text:
+        raise DerivationError("a call's name is written as JSON outside a JSON object")
+    mid = text[len(head) + len(_NAMES[0]):args_start]
+    if not mid:
+        raise DerivationError("nothing ends a call's name before its arguments")
+    return TurnFormat(arguments="json", head=head, mid=mid, tail=text[args_end:], **common)
+
+
+def _params_format(head: str, tail: str, empty: str, nested: str,
+                   common: dict[str, Any]) -> TurnFormat:
+    """A call whose arguments are key/value parameters, framed alike."""
+    positions = []
+    at = 0
+    for key, value in _STRINGS.items():
+        for text in (key, value):
+            at = tail.find(text, at)
+            if at < 0:
+                raise DerivationError("a call's arguments are written neither as a JSON object "
+                                      "nor as key/value parameters")
+            positions.append(at)
+            at += len(text)
+    (ka, va, kb, vb), klen, vlen = positions, len("pgk_a"), len("pgv_a")
+    first_open = tail[:ka]
+    param_mid = tail[ka + klen:va]
+    if tail[kb + klen:vb] != param_mid:
+        raise DerivationError("two string parameters are framed differently")
+    between = tail[va + vlen:kb]
+    last = tail[vb + vlen:]
+    empty_tail = _empty_tail(empty, common["close"])
+    mid = first_open[:common_prefix(first_open, empty_tail)]
+    param_open = first_open[len(mid):]
+    call_end = empty_tail[len(mid):]
+    if not last.endswith(call_end) or not param_open:
+        raise DerivationError("the end of a call with parameters differs from one without")
+    param_close = last[:len(last) - len(call_end)]
+    if not between.startswith(param_close) or not between.endswith(param_open) \
+            or len(between) < len(param_close) + len(param_open):
+        raise DerivationError("the text between two parameters is not one's end and the "
+                              "other's start")
+    param_sep = between[len(param_close):len(between) - len(param_open)]
+    values = _value_style(nested, param_open, param_mid, param_close)
+    if not param_close.strip():
+        raise DerivationError("nothing ends a parameter's value")
+    return TurnFormat(arguments="params", head=head, mid=mid, tail=call_end,
+                      param_open=param_open, param_mid=param_mid, param_close=param_close,
+                      param_sep=param_sep, values=values, **common)
+
+
+def _empty_tail(empty: str, close: str) -> str:
+    """A call without arguments (the section of that call alone): its text after the name."""
+    rest = empty[empty.index(_NAMES[0]) + len(_NAMES[0]):]
+    if not rest.endswith(close):
+        raise DerivationError("a call without arguments ends its section differently")
+    return rest[:len(rest) - len(close)]
+
+
+def _value_style(nested: str, param_open: str, param_mid: str, param_close: str) -> str:
+    """How a nested argument's value is written: "json" or "python"."""
+    framed = param_open + "pgk_n" + param_mid
+    at = nested.find(framed)
+    if at < 0:
+        raise DerivationError("parameters are framed differently by their value's type")
+    start = at + len(framed)
+    end = nested.find(param_close.strip(), start)
+    written = nested[start:end].strip() if end >= 0 else ""
+    if written == json.dumps(_NESTED) or written == json.dumps(_NESTED, separators=(",", ":")):
+        return "json"
+    if written == repr(_NESTED):
+        return "python"
+    raise DerivationError(f"a nested argument is written neither as JSON nor as a Python "
+                          f"literal: {written!r}")
+
+
+# --------------------------------------------------------------------------- the dialect
+#: a tool name where the framing does not say what ends it
+_NAME_CHARS = "[^ \\t\\r\\n\"'<>\\[\\]{}(),:=]+"
+
+
+class DerivedDialect(TurnDialect):
+    """The dialect of a derived `TurnFormat`: the `.peg` sections a family module would ship,
+    written from the format. Not a registered family (the registry asks the families first;
+    `get_dialect("derived", chat_template=t)` builds this)."""
+
+    priority = 10_000
+    #: the format's sections, instead of a `.peg` file
+    peg_text: ClassVar[str] = ""
+
+    def __init__(self, turn: TurnFormat, **options: Any):
+        if turn.think_close is None:
+            options["reasoning"] = False
+        elif "reasoning" not in options or options["reasoning"] is None:
+            options["reasoning"] = turn.reasoning_default
+        super().__init__(**options)
+        self.format = turn
+        # what a family declares as class attributes, this dialect has from its format
+        self.reasons = turn.think_close is not None
+        self.raw_until = turn.param_close.rstrip() if turn.arguments == "params" else None
+        self._sections = _sections(turn)
+        opening = _first_piece(turn.open or turn.head)
+        self.word_stop = None if _TOKEN.fullmatch(opening) else opening
+
+    def sections(self) -> dict[str, str]:
+        return self._sections
+
+
+def _first_piece(text: str) -> str:
+    """The token `text` starts with, else its text up to the first token or whitespace."""
+    text = text.lstrip()
+    match = _TOKEN.match(text)
+    if match:
+        return match.group()
+    stop = re.search(_TOKEN.pattern + r"|\s", text)
+    return text[:stop.start()] if stop else text
+
+
+def _triggered(text: str) -> str:
+    """Framing whose first piece is the grammar's trigger."""
+    text = text.lstrip()
+    first = _first_piece(text)
+    return f"trigger({framing_peg(first)}) {framing_peg(text[len(first):])}"
+
+
+def _sections(turn: TurnFormat) -> dict[str, str]:
+    """The `.peg` sections of the format (see `TurnDialect`)."""
+    f = framing_peg
+    rules = []
+    if turn.think_close is not None:
+        rules += [f"think_open  = {f(turn.think_open or turn.think_close)}",
+                  f"think_close = {f(turn.think_close)}",
+                  "thought     = text"]
+    eos = " | ".join(f"token({peg_literal(token)})" for token in turn.eos) or '""'
+    rules.append(f"eos         = {eos}")
+    if turn.open.strip():
+        open_, head = _triggered(turn.open), f(turn.head)
+    else:
+        open_, head = '""', _triggered(turn.head)
+    rules += [f"call        = @call:({head} tool {f(turn.tail)})",
+              f"calls_one   = {open_} call {f(turn.close)}",
+              f"calls_many  = {open_} call ({f(turn.sep)} call)* {f(turn.close)}",
+              "region      = calls_many",
+              "tool        = $tools",
+              "jws         = [ \\t\\r\\n]*"]
+    per_tool = ""
+    sections: dict[str, str] = {}
+    if turn.arguments == "object":
+        name_key, args_key = (peg_literal(json.dumps(key)) for key in turn.keys)
+        name = f'{name_key} jws ":" jws @name_json:'
+        args = f'{args_key} jws ":" jws @arguments:'
+        pair = (f"{name}json_string", f"{args}json()")
+        rules += [f'any_tool    = "{{" jws {pair[0]} jws "," jws {pair[1]} jws "}}"'
+                  if turn.name_first else
+                  f'any_tool    = "{{" jws {pair[1]} jws "," jws {pair[0]} jws "}}"',
+                  'json_string = "\\"" ([^"\\\\\\x00-\\x1f] | "\\\\" (["\\\\/bfnrt] | "u" '
+                  '[0-9a-fA-F]{4}))* "\\""']
+        strict = (f"{name}$name_json", f"{args}json($schema)")
+        if not turn.name_first:
+            strict = strict[::-1]
+        per_tool = f'tool_$i = "{{" jws {strict[0]} jws "," jws {strict[1]} jws "}}"'
+    elif turn.arguments == "json":
+        rules.append(f"any_tool    = @name:{_NAME_CHARS} {f(turn.mid)} @arguments:json()")
+        per_tool = f"tool_$i = @name:$name {f(turn.mid)} @arguments:json($schema)"
+    else:
+        stops = f'{f(_first_piece(turn.param_mid))}, "\\n"'
+        value_stop = peg_literal(turn.param_close.rstrip())
+        param = (f"@param:({f(turn.param_open)} @key:until({stops}) {f(turn.param_mid)} "
+                 f"@value:raw {f(turn.param_close)})")
+        rules += [f"any_tool    = @name:{_NAME_CHARS} {f(turn.mid)} any_params",
+                  f"any_params  = (any_param ({f(turn.param_sep)} any_param)*)?",
+                  f"any_param   = {param}",
+                  f"param_sep   = {f(turn.param_sep)}",
+                  f"raw         = until({value_stop})"]
+        per_tool = f"tool_$i = @name:$name {f(turn.mid)} $params"
+        sections["per string parameter"] = (
+            f"p_${{i}}_${{j}} = @param:({f(turn.param_open)} @key:$key {f(turn.param_mid)} "
+            f"@string:$value {f(turn.param_close)})\n")
+        sections["per json parameter"] = (
+            f"p_${{i}}_${{j}} = @param:({f(turn.param_open)} @key:$key {f(turn.param_mid)} "
+            f"@json:json($schema) {f(turn.param_close)})\n")
+    shared = "\n".join(rule.replace("$", "$$").replace("$$tools", "$tools") for rule in rules)
+    return {"": shared + "\n", "per tool": per_tool + "\n", **sections}
+
+
+def derive_dialect(template: str, *, reasoning: bool | None = None,
+                   **template_kwargs: Any) -> DerivedDialect:
+    """The dialect `template` writes, derived from its renderings alone (`DerivationError`
+    names what could not be derived). `template_kwargs`: the template's variables, such as
+    the tokenizer's `eos_token`."""
+    return DerivedDialect(derive_format(template, **template_kwargs), chat_template=template,
+                          reasoning=reasoning)
+
+
+def derives(template: str) -> bool:
+    """Whether a dialect can be derived from `template`."""
+    try:
+        derive_format(template)
+    except DerivationError:
+        return False
+    return True
+
