@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 import jinja2
 
 from pegmask.dialects import (
+    DERIVED,
     UNKNOWN,
     ChatRequest,
     Dialect,
@@ -561,8 +562,10 @@ class Engine:
             output = row.output
             if isinstance(output, ChatOutput) and output.message["tool_calls"]:
                 generated = row.text(spell_specials=True)
-                self.replay.remember(output.message["tool_calls"],
-                                     replay_text(self.dialect_name, prompt, generated))
+                # A derived dialect has no native renderer: its turns start at the output.
+                turn = (generated if self.dialect_name == DERIVED
+                        else replay_text(self.dialect_name, prompt, generated))
+                self.replay.remember(output.message["tool_calls"], turn)
 
     def compiled(self, grammar: Grammar, param: str = "grammar") -> CompiledGrammar:
         """`grammar` bound to this model's vocabulary (compiled in a worker and kept across

@@ -263,3 +263,28 @@ def test_what_cannot_be_derived_is_named() -> None:
         derive_dialect("{% for m in messages %}{{ m.content }}{% endfor %}")
     with pytest.raises(ValueError, match="chat_template="):
         get_dialect(DERIVED)
+
+
+def test_the_engine_calls_tools_through_a_derived_dialect() -> None:
+    """The embedded model behind a template no family writes: the engine detects the derived
+    dialect, constrains a required call to it, and reads the call back; the turn with its tool
+    result renders for the next request (its replay keeps the generated text)."""
+    from pegmask.engine.engine import Engine
+
+    engine = Engine(chat_template=UNKNOWN_FAMILY, compile_workers=0, prewarm=False)
+    try:
+        assert engine.dialect_name == DERIVED
+        tools = TOOLS
+        messages = [{"role": "user", "content": "What time is it in Tokyo?"}]
+        result = engine.generate(messages, tools=tools, tool_choice="required", max_tokens=64,
+                                 temperature=0.0)
+        message = result.choices[0].message
+        (call,) = message["tool_calls"][:1]
+        assert call["function"]["name"] in {tool["function"]["name"] for tool in TOOLS}
+        assert isinstance(json.loads(call["function"]["arguments"]), dict)
+        follow_up = [*messages, message, {"role": "tool", "tool_call_id": call["id"],
+                                          "content": "12:00"}]
+        answer = engine.generate(follow_up, tools=tools, tool_choice="none", max_tokens=8)
+        assert answer.choices[0].message["tool_calls"] in (None, [])
+    finally:
+        engine.close()
