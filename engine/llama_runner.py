@@ -10,8 +10,8 @@ without copying every row, and on CPUs the products it issues (float32, one per 
   (float32 activations and accumulation; weights rounded to float16, which a GGUF checkpoint's
   4-bit blocks lose nothing to in practice), 3-5x faster than float32 at 1-32 rows;
 * every token of every sequence in a step is one row of the same products (a prompt chunk of
-  one sequence next to one sampled token of each other sequence); only attention is per
-  sequence: one call for all sequences that append one token, one call per prompt chunk;
+  one sequence next to the sampled and forced tokens of each other sequence); attention is one
+  call for every sequence that appends a few tokens (`BATCHED_CHUNK`), one per prompt chunk;
 * the KV cache is one tensor per layer with a slot per sequence, `(slots, kv_heads, time,
   head_dim)`; a sequence that leaves gives its slot to the last one, so the live slots are
   always a prefix and one-token attention reads the cache in place.
@@ -285,10 +285,18 @@ class LlamaRunner:
         return w.lm_head(h).float()
 
 
+# Chunks of at most this many tokens (one sampled token, or the few a grammar forces after
+# it) attend in the one batched call; longer ones (prompt chunks) in a call of their own.
+BATCHED_CHUNK = 16
+
+
 class _AttentionPlan:
-    """How the packed rows of one forward attend: the sequences that append one token in one
-    call over the live slots (in place), each longer chunk in a call of its own. Built once per
-    forward, used by every layer."""
+    """How the packed rows of one forward attend: every short chunk (`BATCHED_CHUNK` tokens at
+    most: decoding rows, with the tokens a grammar forces) in one call over the live slots, the
+    cache read in place, each query padded to the longest of them; each longer chunk (a prompt
+    chunk) in a call of its own. One call per layer for a decoding step whatever the forced
+    tokens: a call per forced chunk made constrained rows cost several times plain ones. Built
+    once per forward, used by every layer."""
 
     def __init__(self, slots: list[int], starts: list[int], sizes: list[int], live: int,
                  device: torch.device):
@@ -296,24 +304,28 @@ class _AttentionPlan:
         for size in sizes:
             rows.append(rows[-1] + size)
         self.last_rows = [end - 1 for end in rows[1:]]
-        singles = [i for i, size in enumerate(sizes) if size == 1]
-        self.single_rows = torch.tensor([rows[i] for i in singles], dtype=torch.long,
-                                        device=device)
-        self.single_slots = torch.tensor([slots[i] for i in singles], dtype=torch.long,
-                                         device=device)
+        short = [i for i, size in enumerate(sizes) if size <= BATCHED_CHUNK]
         self.live = live
-        self.single_time = 0
-        if singles:
-            # Slots that append nothing this step see only their first position (no NaN rows).
-            ends = torch.zeros(live, dtype=torch.long)
-            for i in singles:
-                ends[slots[i]] = starts[i]
-            self.single_time = int(ends.max()) + 1
-            time = torch.arange(self.single_time)
-            self.single_mask = (time[None, :] <= ends[:, None])[:, None, None].to(device)
+        self.batch_time = 0
+        if short:
+            token_rows = [rows[i] + j for i in short for j in range(sizes[i])]
+            self.batch_rows = torch.tensor(token_rows, dtype=torch.long, device=device)
+            self.batch_slots = torch.tensor([slots[i] for i in short for _ in range(sizes[i])],
+                                            dtype=torch.long, device=device)
+            self.batch_offsets = torch.tensor([j for i in short for j in range(sizes[i])],
+                                              dtype=torch.long, device=device)
+            self.batch_queries = max(sizes[i] for i in short)
+            # Query j of a slot sees the cache up to its own position; padding queries and slots
+            # that append nothing in this call see only position 0 (no NaN rows).
+            last_seen = torch.zeros(live, self.batch_queries, dtype=torch.long)
+            for i in short:
+                last_seen[slots[i], : sizes[i]] = torch.arange(starts[i], starts[i] + sizes[i])
+            self.batch_time = int(last_seen.max()) + 1
+            time = torch.arange(self.batch_time)
+            self.batch_mask = (time[None, None, :] <= last_seen[:, :, None])[:, None].to(device)
         self.chunks = []
         for i, size in enumerate(sizes):
-            if size > 1:
+            if size > BATCHED_CHUNK:
                 end = starts[i] + size
                 query = torch.arange(starts[i], end)[:, None]
                 mask = (torch.arange(end)[None, :] <= query).to(device)
@@ -322,14 +334,14 @@ class _AttentionPlan:
     def attend(self, q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
                scale: float) -> torch.Tensor:
         out = torch.empty_like(q)
-        if self.single_time:
-            query = q.new_zeros((self.live, q.shape[1], 1, q.shape[2]))
-            query[self.single_slots, :, 0] = q[self.single_rows]
-            time = self.single_time
+        if self.batch_time:
+            query = q.new_zeros((self.live, q.shape[1], self.batch_queries, q.shape[2]))
+            query[self.batch_slots, :, self.batch_offsets] = q[self.batch_rows]
+            time = self.batch_time
             result = F.scaled_dot_product_attention(
                 query, cache_k[: self.live, :, :time], cache_v[: self.live, :, :time],
-                attn_mask=self.single_mask, scale=scale, enable_gqa=True)
-            out[self.single_rows] = result[self.single_slots, :, 0]
+                attn_mask=self.batch_mask, scale=scale, enable_gqa=True)
+            out[self.batch_rows] = result[self.batch_slots, :, self.batch_offsets]
         for first, stop, slot, end, mask in self.chunks:
             query = q[first:stop].transpose(0, 1)[None]
             result = F.scaled_dot_product_attention(

@@ -78,6 +78,25 @@ def test_llama_runner_matches_transformers(name: str) -> None:
         torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("sizes", [(1, 5, 16), (17, 1, 3), (2, 40, 16, 1)])
+def test_short_and_long_chunks_in_one_step(sizes: tuple[int, ...]) -> None:
+    """Chunks up to BATCHED_CHUNK tokens attend in one padded call, longer ones alone: one
+    step mixing them (forced tokens beside a prompt chunk) gives transformers' logits."""
+    model = tiny_model("llama")
+    runner = LlamaRunner(LlamaWeights(model, fp16_weights=False))
+    reference = TransformersRunner(model, torch.device("cpu"))
+    seqs = [(runner.add(), reference.add()) for _ in sizes]
+    for k, (seq, ref) in enumerate(seqs):  # histories of different lengths
+        history = [3 + k + i for i in range(4 + 3 * k)]
+        runner.forward([(seq, history)])
+        reference.forward([(ref, history)])
+    chunks = [[7 + i + j for i in range(size)] for j, size in enumerate(sizes)]
+    ours = runner.forward([(seq, chunk) for (seq, _), chunk in zip(seqs, chunks, strict=True)])
+    theirs = torch.cat([reference.forward([(ref, chunk)])
+                        for (_, ref), chunk in zip(seqs, chunks, strict=True)])
+    torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
+
+
 def test_float16_weights_stay_close_to_float32() -> None:
     model = tiny_model("llama")
     exact = drive(LlamaRunner(LlamaWeights(model, fp16_weights=False)),
