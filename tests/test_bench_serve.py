@@ -75,10 +75,12 @@ def test_serve_compare_against_pegmask_as_peer(tmp_path: Path) -> None:
 
 
 def test_serve_compare_refuses_a_busy_machine(tmp_path: Path) -> None:
-    """A process spinning beside the phase: NOT PUBLISHABLE at the top and exit 1."""
+    """A process spinning beside the phase: NOT PUBLISHABLE at the top and exit 1 (servers
+    started in blocks, the other way to run them)."""
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
-        code, data, text = _compare(tmp_path, "--modes", "unconstrained", "--max-tokens", "8")
+        code, data, text = _compare(tmp_path, "--modes", "unconstrained", "--max-tokens", "8",
+                                    "--blocks")
     finally:
         busy.kill()
         busy.wait()
@@ -86,6 +88,7 @@ def test_serve_compare_refuses_a_busy_machine(tmp_path: Path) -> None:
     assert text.startswith("# Serving: pegmask against its peers, one invocation\n\n"
                            "**NOT PUBLISHABLE**")
     assert any("other processes used" in reason for reason in data["reasons"])
+    assert "Servers ran one after the other (`--blocks`)" in text
 
 
 def test_serve_compare_verdict_and_tables() -> None:
