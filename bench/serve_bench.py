@@ -15,13 +15,19 @@ requests back to back (each client cycles through the APIs) until `--requests` h
 
 Reported per phase: requests, output tokens (the usage the server reports), aggregate output
 tokens/s over the phase's wall time, time to first token and inter-token latency (p50, p99; a
-token is one streamed text or argument piece), and how many constrained answers held a call
+token is one streamed piece of text, a call's name or its arguments: a server that sends a call's
+name at once and its arguments at the end has its first token at the name), and how many
+constrained answers held a call
 whose arguments parse as JSON. A probe then measures what a newcomer waits for: with C - 1
 clients decoding, one more request's time to first token, against its time to first token alone.
 
     pegmask bench serve [--quick] [--url URL] [--clients 1,8,32] [--requests N]
         [--max-tokens 128] [--apis chat,responses,messages] [--modes constrained,unconstrained]
         [--model PATH] [--time-limit S] [--out bench/results/serve.md]
+
+With `--compare`, `--peer` or `--peer-command` it is instead pegmask against other servers in one
+invocation, under a fixed protocol and a load check (pegmask.bench.serve_compare, whose options
+it then takes).
 """
 
 from __future__ import annotations
@@ -47,6 +53,8 @@ import httpx
 RESULTS = Path(__file__).parent / "results"
 APIS = ("chat", "responses", "messages")
 MODES = ("constrained", "unconstrained")
+# Options that make this bench the comparison of pegmask against peers (serve_compare.py).
+COMPARE_FLAGS = {"--compare", "--peer", "--peer-command"}
 QUESTIONS = [
     "What is the weather like in Paris today?",
     "Find me a flight from Oslo to Rome next Friday.",
@@ -77,6 +85,7 @@ class Sample:
     piece_times: list[float] = field(default_factory=list)
     tokens: int = 0
     ended: float = 0.0
+    names: list[str] = field(default_factory=list)
     arguments: list[str] = field(default_factory=list)
     error: str | None = None
 
@@ -90,13 +99,19 @@ class Sample:
 
 
 def request_body(api: str, question: str, mode: str, max_tokens: int, model: str,
-                 seed: int) -> tuple[str, dict[str, Any]]:
-    """(path, body) of one streaming request in an API's own shape."""
+                 seed: int | None, sampling: dict[str, Any] | None = None,
+                 ) -> tuple[str, dict[str, Any]]:
+    """(path, body) of one streaming request in an API's own shape. `seed` None sends none (a
+    seeded request takes a slower sampling path in some servers); `sampling` (Chat Completions
+    only: `temperature`, `ignore_eos`, ...) is added to the body as it is."""
     constrained = mode == "constrained"
     if api == "chat":
         body: dict[str, Any] = {"model": model, "stream": True, "max_tokens": max_tokens,
-                                "seed": seed, "stream_options": {"include_usage": True},
-                                "messages": [{"role": "user", "content": question}]}
+                                "stream_options": {"include_usage": True},
+                                "messages": [{"role": "user", "content": question}],
+                                **(sampling or {})}
+        if seed is not None:
+            body["seed"] = seed
         if constrained:
             body["tools"] = [{"type": "function", "function": tool} for tool in TOOLS]
             body["tool_choice"] = "required"
@@ -127,7 +142,7 @@ async def stream_once(client: httpx.AsyncClient, api: str, path: str,
                       body: dict[str, Any]) -> Sample:
     """Send one streaming request; record the arrival of every text or argument piece."""
     sample = Sample(api, time.perf_counter())
-    calls: dict[int, str] = {}
+    calls: dict[int, list[str]] = {}
     try:
         async with client.stream("POST", path, json=body) as response:
             if response.status_code != 200:
@@ -143,12 +158,22 @@ async def stream_once(client: httpx.AsyncClient, api: str, path: str,
     except httpx.HTTPError as exc:
         sample.error = f"{type(exc).__name__}: {exc}"
     sample.ended = time.perf_counter()
-    sample.arguments = [calls[i] for i in sorted(calls)]
+    sample.names = [calls[i][0] for i in sorted(calls)]
+    sample.arguments = [calls[i][1] for i in sorted(calls)]
     return sample
 
 
-def _piece(api: str, event: dict[str, Any], calls: dict[int, str]) -> tuple[bool, int | None]:
-    """(whether the event carries output text or arguments, output tokens if it reports them)."""
+def _add(calls: dict[int, list[str]], index: int, name: str = "", arguments: str = "") -> None:
+    """Append streamed pieces of call `index`'s name and arguments."""
+    call = calls.setdefault(index, ["", ""])
+    call[0] += name
+    call[1] += arguments
+
+
+def _piece(api: str, event: dict[str, Any],
+           calls: dict[int, list[str]]) -> tuple[bool, int | None]:
+    """(whether the event carries output text or arguments, output tokens if it reports them);
+    the calls' names and arguments are accumulated in `calls` by index."""
     if api == "chat":
         if event.get("usage"):
             return False, event["usage"]["completion_tokens"]
@@ -157,25 +182,34 @@ def _piece(api: str, event: dict[str, Any], calls: dict[int, str]) -> tuple[bool
             delta = choice.get("delta") or {}
             piece |= bool(delta.get("content") or delta.get("reasoning_content"))
             for call in delta.get("tool_calls") or []:
-                arguments = (call.get("function") or {}).get("arguments") or ""
-                calls[call.get("index", 0)] = calls.get(call.get("index", 0), "") + arguments
-                piece |= bool(arguments)
+                function = call.get("function") or {}
+                arguments = function.get("arguments") or ""
+                _add(calls, call.get("index", 0), function.get("name") or "", arguments)
+                piece |= bool(arguments or function.get("name"))
         return piece, None
     kind = event.get("type", "")
     if api == "responses":
         if kind in ("response.completed", "response.incomplete"):
             usage = event["response"].get("usage") or {}
             return False, usage.get("output_tokens")
+        named = (kind == "response.output_item.added"
+                 and event["item"].get("type") == "function_call")
+        if named:
+            _add(calls, event["output_index"], event["item"].get("name") or "")
         if kind == "response.function_call_arguments.delta":
-            calls[event["output_index"]] = calls.get(event["output_index"], "") + event["delta"]
-        return kind in ("response.output_text.delta", "response.function_call_arguments.delta",
-                        "response.reasoning_text.delta"), None
+            _add(calls, event["output_index"], arguments=event["delta"])
+        return named or kind in ("response.output_text.delta",
+                                 "response.function_call_arguments.delta",
+                                 "response.reasoning_text.delta"), None
     if kind == "message_delta":
         return False, (event.get("usage") or {}).get("output_tokens")
+    if kind == "content_block_start" and event["content_block"].get("type") == "tool_use":
+        _add(calls, event["index"], event["content_block"].get("name") or "")
+        return True, None
     if kind == "content_block_delta":
         delta = event["delta"]
         if delta.get("type") == "input_json_delta":
-            calls[event["index"]] = calls.get(event["index"], "") + delta["partial_json"]
+            _add(calls, event["index"], arguments=delta["partial_json"])
         return bool(delta.get("text") or delta.get("partial_json") or delta.get("thinking")), None
     return False, None
 
@@ -313,12 +347,16 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_server(model: str | None, port: int, extra: list[str]) -> subprocess.Popen[bytes]:
+def server_command(model: str | None, port: int, extra: list[str]) -> list[str]:
+    """`pegmask serve` on loopback, in this interpreter (so the checkout measured is this one)."""
     command = [sys.executable, "-m", "pegmask.cli", "serve", "--host", "127.0.0.1",
                "--port", str(port), "--log-level", "warning", *extra]
-    if model:
-        command += ["--model", model]
-    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return command + ["--model", model] if model else command
+
+
+def start_server(model: str | None, port: int, extra: list[str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(server_command(model, port, extra), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
 
 
 def wait_ready(url: str, process: subprocess.Popen[bytes] | None, timeout: float) -> str:
@@ -405,6 +443,11 @@ def plot(phases: list[Phase], path: Path) -> None:
 
 # --------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if {a.split("=")[0] for a in argv} & COMPARE_FLAGS:
+        from pegmask.bench import serve_compare
+
+        return serve_compare.main([a for a in argv if a != "--compare"])
     parser = argparse.ArgumentParser(prog="pegmask bench serve", description=__doc__)
     parser.add_argument("--url", help="drive this server instead of starting pegmask")
     parser.add_argument("--api-key", default=os.environ.get("PEGMASK_BENCH_API_KEY"))
@@ -454,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
         "max_tokens": args.max_tokens,
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python "
                    f"{platform.python_version()}",
-        "command": "pegmask bench serve " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "pegmask bench serve " + " ".join(argv),
     }
     text = report(phases, meta)
     print(text)

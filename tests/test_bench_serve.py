@@ -1,11 +1,26 @@
 """`pegmask bench serve` end to end, tiny: a pegmask server in a subprocess, streaming clients
-through two APIs, constrained and not; the report's figures are consistent."""
+through two APIs, constrained and not; the report's figures are consistent. Its comparison mode
+(`--compare`): pegmask against itself as a peer, the load check refusing a busy machine, and the
+report's layout and verdict from made-up phases."""
 
 from __future__ import annotations
 
 import json
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
+from pegmask.bench import reporting
+from pegmask.bench.serve_bench import Sample
+from pegmask.bench.serve_compare import (
+    Phase,
+    Server,
+    _changes,
+    parse_peers,
+    report,
+    verdict,
+)
 from pegmask.cli import main as cli
 
 
@@ -26,3 +41,83 @@ def test_serve_bench_smoke(tmp_path: Path) -> None:
         assert constrained["with_calls"] == constrained["calls_valid"] == 2
     assert "| clients | mode |" in out.read_text()
     assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
+
+
+def _compare(tmp_path: Path, *options: str) -> tuple[int, dict, str]:
+    out = tmp_path / "serve.md"
+    code = cli(["bench", "serve", "--compare", "--clients", "1", "--requests", "1",
+                "--out", str(out), *options])
+    return code, json.loads(out.with_suffix(".json").read_text()), out.read_text()
+
+
+def test_serve_compare_against_pegmask_as_peer(tmp_path: Path) -> None:
+    """Two servers started by the bench, alternating (one paused while the other runs): the
+    figures, the CPU accounting and the report's tables."""
+    peer = (f"{shlex.quote(sys.executable)} -m pegmask.cli serve --host 127.0.0.1 "
+            "--port {port} --log-level warning")
+    code, data, text = _compare(tmp_path, "--peer-command", f"twin={peer}",
+                                "--max-tokens", "24", "--allow-load")
+    assert code == 0
+    rows = {(p["server"], p["mode"]): p for p in data["phases"]}
+    assert set(rows) == {(s, m) for s in ("pegmask", "twin")
+                         for m in ("constrained", "unconstrained")}
+    for row in rows.values():
+        assert row["errors"] == 0 and row["requests"] == 1 and row["tokens"] > 0
+        # The server's process tree did the decoding: its CPU time is measured.
+        assert row["server_cpu_s"] > 0 and row["other_cpu_s"] is not None
+    assert rows[("pegmask", "constrained")]["valid"] == rows[("twin", "constrained")]["valid"] == 1
+    assert rows[("pegmask", "unconstrained")]["tokens"] == 24  # ignore_eos
+    assert data["publishable"] == (not data["reasons"])
+    assert "| tokens/s at 1 clients | plain text | tool call" in text
+    assert "| pegmask | " in text and "| twin | " in text and "every call valid, 1/1" in text
+    assert "| pegmask / | plain text |" in text and "Time to first token, p50 at 1 clients" in text
+    assert tmp_path.joinpath("serve.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_serve_compare_refuses_a_busy_machine(tmp_path: Path) -> None:
+    """A process spinning beside the phase: NOT PUBLISHABLE at the top and exit 1 (servers
+    started in blocks, the other way to run them)."""
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        code, data, text = _compare(tmp_path, "--modes", "unconstrained", "--max-tokens", "8",
+                                    "--blocks")
+    finally:
+        busy.kill()
+        busy.wait()
+    assert code == 1 and not data["publishable"]
+    assert text.startswith("# Serving: pegmask against its peers, one invocation\n\n"
+                           "**NOT PUBLISHABLE**")
+    assert any("other processes used" in reason for reason in data["reasons"])
+    assert "Servers ran one after the other (`--blocks`)" in text
+
+
+def test_serve_compare_verdict_and_tables() -> None:
+    """The thresholds, and the issue's table layout with ratios, from made-up phases."""
+    def phase(server: str, clients: int, mode: str, tokens: int, other: float) -> Phase:
+        sample = Sample("chat", 0.0, piece_times=[0.5], tokens=tokens, ended=1.0,
+                        names=["get_weather"], arguments=['{"city": "Paris"}'])
+        return Phase(server, clients, mode, [sample], 1.0, 0.2, 0.1, elapsed_s=10.0,
+                     server_cpu_s=15.0, bench_cpu_s=1.0, other_cpu_s=other)
+
+    phases = [phase(s, c, m, t * c, 0.2) for c in (1, 8) for m in ("unconstrained",
+              "constrained") for s, t in (("pegmask", 40), ("vllm", 20))]
+    assert verdict(0.3, phases) == []
+    phases[0].other_cpu_s = 5.0  # half a core
+    phases[1].load_average = 3.0
+    reasons = verdict(0.9, phases)
+    assert len(reasons) == 3 and "load average was 0.90" in reasons[0]
+    servers = [Server("pegmask", label="pegmask serve"),
+               Server("vllm", command="vllm serve M --port {port}"),
+               Server("vllm-fp32", command="X=1 vllm serve M --port {port} --dtype float32")]
+    text = report(phases, servers[:2], reasons, {
+        "machine": reporting.machine(()), "start_load": 0.9, "command": "c", "max_tokens": 128,
+        "temperature": 0.7, "requests": 2, "blocks": False}, [1, 8],
+        ["unconstrained", "constrained"])
+    assert "**NOT PUBLISHABLE**" in text.split("\n")[2]
+    assert "| pegmask | 40 / 320 | 40 / 320 (every call valid, 2/2) |" in text
+    assert "| vllm | 20 / 160 | 20 / 160 (every call valid, 2/2) |" in text
+    assert "| vllm | 2.00x / 2.00x | 2.00x / 2.00x |" in text
+    assert _changes(servers[2], servers[1]) == "X=1 --dtype float32"
+    url, command = parse_peers(["up=http://127.0.0.1:8000/,pid=12"], ["mine=serve {port}"])
+    assert (url.url, url.pid, url.started_here) == ("http://127.0.0.1:8000", 12, False)
+    assert (command.command, command.started_here) == ("serve {port}", True)
