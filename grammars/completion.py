@@ -175,6 +175,7 @@ class Completions:
         self._plans: dict[int, tuple[int, int, int]] = {}  # (tokens, first token, after it)
         self._nice: dict[int, int] = {}  # per BYTE instruction, the byte a witness writes
         self._closing: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._moves: dict[int, tuple[np.ndarray, np.ndarray, list[int]]] = {}
 
     @property
     def memory_bytes(self) -> int:
@@ -184,6 +185,8 @@ class Completions:
                    + len(self._frames))
         candidates = sum(tokens.nbytes + lengths.nbytes for tokens, lengths
                          in self._closing.values())
+        candidates += sum(tokens.nbytes + index.nbytes + 8 * len(targets)
+                          for tokens, index, targets in self._moves.values())
         return 16 * len(self.dist) + _ENTRY_BYTES * entries + candidates
 
     # ----------------------------------------------------------------- lower bounds
@@ -514,3 +517,30 @@ class Completions:
         found = (tokens, lengths)
         self._closing[config] = found
         return found
+
+    def overlong_tokens(self, config: int, limit: int) -> np.ndarray:
+        """The allowed tokens after which the plan is longer than `limit` tokens (or nothing
+        completes the grammar): what a host that cannot take a sampled token back (a logits
+        processor) leaves out of the mask near the budget's end, where the engine would take
+        such a token back instead.
+
+        Tokens that lead back to `config` (left out of `CompiledGrammar.moves`) keep its plan
+        and are never among them. Where each token leads is memoized per configuration; a
+        target whose `token_floor` is past `limit` is not walked, and one whose completion is
+        too long to walk (`GrammarTooLarge`) counts as past it."""
+        found = self._moves.get(config)
+        if found is None:
+            tokens, states = self.compiled.moves(config)
+            targets, index = np.unique(states, return_inverse=True)
+            found = self._moves[config] = (tokens, index, targets.tolist())
+        tokens, index, targets = found
+        over = np.array([self._plan_past(target, limit) for target in targets], dtype=bool)
+        return tokens[over[index]] if len(tokens) else tokens
+
+    def _plan_past(self, config: int, limit: int) -> bool:
+        if self.token_floor(config) > limit:
+            return True
+        try:
+            return self.plan_length(config) > limit
+        except GrammarError:  # GrammarTooLarge: past any budget the engine walks
+            return True

@@ -126,6 +126,14 @@ class GrammarMatcher:
         floor = self.compiled.completions.token_floor(self._state)
         return None if floor >= UNREACHABLE else floor
 
+    def overlong_tokens(self, limit: int) -> np.ndarray:
+        """The allowed tokens after which `completion_token_count()` would be more than
+        `limit` (or None): those a host that cannot take a token back must not sample when
+        `limit + 1` tokens are left (see `Completions.overlong_tokens`)."""
+        if self._terminated:
+            return np.zeros(0, dtype=np.int64)
+        return self.compiled.completions.overlong_tokens(self._state, limit)
+
     def fill_closing_bitmask(self, bitmask: Any, index: int, remaining: int) -> None:
         """Write into row `index` the tokens that close the output within `remaining` tokens
         (this one included): allowed tokens that lower `completion_distance` and leave a

@@ -18,6 +18,10 @@ text and reasoning until the dialect's trigger, then tool calls under the tools'
 `tool_choice` and `parallel_tool_calls` allow. `reasoning` is the dialect's reasoning option
 (True, False, or None: detected from the output). The same compiled grammars and matchers as
 the engine's are used; `Constraints` keeps them per vocabulary.
+
+Closing within the budget (`fill_within_budget`): as pegmask's engine does (`close_on_length`),
+a constrained output that reaches its token budget still ends in a complete parse; the hosts
+hand the tokens left.
 """
 
 from __future__ import annotations
@@ -27,12 +31,17 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+import torch
+
 from pegmask.dialects import ChatRequest, Dialect, RequestError, get_dialect
+from pegmask.engine.decode import CLOSING_MARGIN
 from pegmask.engine.requests import InvalidRequestError, grammar_for_format
-from pegmask.grammars import Grammar
+from pegmask.grammars import Grammar, GrammarError
 from pegmask.grammars.compiler import CompiledGrammar, GrammarCompiler
 from pegmask.grammars.matcher import GrammarMatcher
 from pegmask.grammars.vocab import Vocabulary
+from pegmask.kernels.bitmask import pack_token_ids
 
 FORMAT_KINDS = ("json_schema", "json_object", "regex", "grammar", "choice")
 KINDS = (*FORMAT_KINDS, "dialect")
@@ -190,6 +199,50 @@ class OutputFollower:
             if not matcher.accept_token(token):
                 raise TokenRejected(token, matcher.compiled.vocab)
             read.append(token)
+
+
+FIT_WINDOW = 64
+"""Tokens left, beyond the fewest that complete the grammar, from which on the mask leaves out
+the tokens whose completion would not fit (`fill_within_budget`)."""
+
+
+def fill_within_budget(matcher: GrammarMatcher, bitmask: torch.Tensor | np.ndarray, index: int,
+                       remaining: int | None) -> bool:
+    """Fill row `index` of `bitmask` for the next token of an output that may have `remaining`
+    more tokens, this one included (None: no budget); whether the mask must be applied (False
+    in free text, as `fill_next_token_bitmask`).
+
+    The engine's policy (`engine/decode.py`) where no token can be taken back: with `C` the
+    fewest tokens that complete the grammar, the closing mask (tokens toward the end that
+    leave room for it) once `remaining <= C + CLOSING_MARGIN`, so every path ends in a complete
+    parse within the budget. A host samples under the plain mask before that, and a token
+    there can raise `C` past what is left (an optional member with required ones inside, a
+    long key); the engine takes such a token back, a logits processor cannot, so within
+    `FIT_WINDOW` of the end the plain mask leaves out the tokens whose completion would not fit
+    in the tokens left after them. Further out only a token that alone raises `C` by more than
+    the window can still cut the output (the figures are walked only near the end: they cost
+    a trie walk per configuration met there)."""
+    need = matcher.fill_next_token_bitmask(bitmask, index)
+    if not need or remaining is None:
+        return need
+    try:
+        distance = matcher.completion_distance()  # symbols: bounds the count, and is cheaper
+        if distance is None or distance < remaining - FIT_WINDOW:
+            return need
+        count = matcher.completion_token_count()
+        if count is None:
+            return need  # nothing completes the grammar: the plain mask, as the engine
+        if count and remaining <= count + CLOSING_MARGIN:
+            matcher.fill_closing_bitmask(bitmask, index, remaining)
+        elif remaining <= count + FIT_WINDOW:
+            over = matcher.overlong_tokens(remaining - 1)
+            if len(over):
+                keep = ~pack_token_ids(over, matcher.compiled.vocab.size)
+                row = bitmask[index]
+                row &= torch.from_numpy(keep) if isinstance(row, torch.Tensor) else keep
+    except GrammarError:  # GrammarTooLarge above all: too long a completion to walk
+        return need  # as the engine: nothing to close, the plain mask
+    return True
 
 
 class TokenRejected(ValueError):

@@ -13,64 +13,40 @@ constraints (`pegmask.integrations.constraints`):
   tool-call grammar); GBNF (`::=`) is not read;
 * `structural_tag` -> not supported (an invalid grammar that says so).
 
-SGLang pins a CUDA torch that this project does not install, so the classes derive from
-SGLang's base classes when SGLang is importable and from the minimal stand-ins below
-otherwise; the tests run them on the stand-ins. Untested on a live SGLang server.
+Closing within the budget, as pegmask's server (`close_on_length`): a constrained request heads
+for the end of its grammar as its `max_new_tokens` runs out, so an answer cut by the budget is
+still complete (`fill_within_budget`). SGLang hands a grammar object nothing of its request, so
+`register()` also hooks, through SGLang's plugin `HookRegistry`, the two `GrammarManager` methods
+that bind a grammar to its request (a cache hit in `process_req_with_grammar`, a compiled one in
+`get_ready_grammar_requests`) and gives each pegmask grammar its request's `max_new_tokens`.
+`custom_params={"close_on_length": false}` turns closing off for a request.
+
+Tested against the installed SGLang 0.5.23's own classes in `.venv-sglang`
+(`scripts/make_sglang_venv.sh`: SGLang without its CUDA dependencies); untested on a live
+server (SGLang's model runner needs a GPU).
 """
 
 from __future__ import annotations
 
 import logging
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
+from sglang.srt.constrained.base_grammar_backend import (
+    BaseGrammarBackend,
+    BaseGrammarObject,
+    InvalidGrammarObject,
+)
 
 from pegmask.grammars.matcher import GrammarMatcher
 from pegmask.grammars.vocab import Vocabulary
-from pegmask.integrations.constraints import Constraint, Constraints
+from pegmask.integrations.constraints import Constraint, Constraints, fill_within_budget
 from pegmask.kernels import allocate_token_bitmask, apply_token_bitmask_inplace
 
 logger = logging.getLogger(__name__)
 BACKEND_NAME = "pegmask"
-
-try:
-    from sglang.srt.constrained.base_grammar_backend import (
-        BaseGrammarBackend,
-        BaseGrammarObject,
-        InvalidGrammarObject,
-    )
-
-    SGLANG = True
-except ImportError:  # the interface SGLang 0.5.23 calls, for tests without SGLang
-    SGLANG = False
-
-    class BaseGrammarObject:  # type: ignore[no-redef]
-        """Stand-in for `sglang.srt.constrained.base_grammar_backend.BaseGrammarObject`."""
-
-        def __init__(self) -> None:
-            self.finished = False
-            self.grammar_stats = None
-            self.current_token = None
-
-        @staticmethod
-        def fill_vocab_mask_batched(entries: list[Any], vocab_mask: torch.Tensor) -> None:
-            for entry in entries:
-                entry.grammar.fill_vocab_mask(vocab_mask, entry.row)
-
-    class InvalidGrammarObject(BaseGrammarObject):  # type: ignore[no-redef]
-        """Stand-in: a grammar that failed to compile, with the reason."""
-
-        def __init__(self, error_message: str = "Unknown grammar error"):
-            super().__init__()
-            self.error_message = error_message
-
-    class BaseGrammarBackend:  # type: ignore[no-redef]
-        """Stand-in for SGLang's backend base: a compile executor and a grammar cache."""
-
-        def __init__(self) -> None:
-            self.executor = ThreadPoolExecutor()
-            self.cache: dict[tuple[str, str], BaseGrammarObject] = {}
+CLOSE_KEY = "close_on_length"  # the custom_params field that turns closing off (false)
+_MANAGER = "sglang.srt.constrained.grammar_manager.GrammarManager"
 
 
 class PegmaskGrammar(BaseGrammarObject):
@@ -79,6 +55,8 @@ class PegmaskGrammar(BaseGrammarObject):
     def __init__(self, matcher: GrammarMatcher):
         super().__init__()
         self.matcher = matcher
+        self.budget: int | None = None  # the request's max_new_tokens, where it closes
+        self.accepted = 0  # output tokens read (SGLang rolls back by count)
 
     def accept_token(self, token: int) -> None:
         """Advance; a token outside the grammar raises ValueError (SGLang aborts the request)."""
@@ -86,10 +64,12 @@ class PegmaskGrammar(BaseGrammarObject):
             return
         if not self.matcher.accept_token(token):
             raise ValueError(f"token {token} is outside the pegmask grammar")
+        self.accepted += 1
 
     def rollback(self, k: int) -> None:
         if k > 0:
             self.matcher.rollback(k)
+            self.accepted -= k
             self.finished = False
 
     def is_terminated(self) -> bool:
@@ -100,7 +80,8 @@ class PegmaskGrammar(BaseGrammarObject):
         return allocate_token_bitmask(batch_size, vocab_size)
 
     def fill_vocab_mask(self, vocab_mask: torch.Tensor, idx: int) -> None:
-        self.matcher.fill_next_token_bitmask(vocab_mask, idx)
+        remaining = None if self.budget is None else self.budget - self.accepted
+        fill_within_budget(self.matcher, vocab_mask, idx, remaining)
 
     @staticmethod
     def reset_vocab_mask(vocab_mask: torch.Tensor) -> None:
@@ -165,14 +146,44 @@ def create_backend(server_args: Any, tokenizer: Any, vocab_size: int,
     return PegmaskGrammarBackend(tokenizer, vocab_size, eos_token_ids)
 
 
+def bind_request(req: Any) -> None:
+    """Give a request's pegmask grammar its budget: `max_new_tokens`, unless the request's
+    `custom_params` say `close_on_length: false` (or it has no budget). Runs inside SGLang's
+    scheduler loop, so it never raises: only an explicit false turns closing off."""
+    grammar = req.grammar
+    if not isinstance(grammar, PegmaskGrammar):
+        return
+    params = req.sampling_params
+    custom = params.custom_params if isinstance(params.custom_params, dict) else {}
+    grammar.budget = None if custom.get(CLOSE_KEY) is False else params.max_new_tokens
+
+
+def _bound_after_lookup(added: bool, manager: Any, req: Any) -> None:
+    """After `GrammarManager.process_req_with_grammar`: a cache hit is bound to its request."""
+    bind_request(req)
+
+
+def _bound_when_ready(ready: list[Any], manager: Any) -> None:
+    """After `GrammarManager.get_ready_grammar_requests`: each compiled grammar is bound."""
+    for req in ready:
+        bind_request(req)
+
+
 def register() -> None:
-    """The `sglang.srt.plugins` entry point: make `pegmask` a grammar backend choice."""
+    """The `sglang.srt.plugins` entry point: make `pegmask` a grammar backend choice, and hook
+    the grammar manager so grammars learn their request's budget (SGLang's `load_plugins`
+    applies the hooks after running the plugins)."""
     from sglang.srt.constrained.base_grammar_backend import register_grammar_backend
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
     from sglang.srt.server_args import add_grammar_backend_choices
 
     register_grammar_backend(BACKEND_NAME, create_backend)
     if BACKEND_NAME not in _choices():
         add_grammar_backend_choices([BACKEND_NAME])
+    HookRegistry.register(f"{_MANAGER}.process_req_with_grammar", _bound_after_lookup,
+                          HookType.AFTER)
+    HookRegistry.register(f"{_MANAGER}.get_ready_grammar_requests", _bound_when_ready,
+                          HookType.AFTER)
 
 
 def _choices() -> list[str]:

@@ -2,7 +2,7 @@
 
     from pegmask.integrations.transformers import PegmaskLogitsProcessor, model_vocabulary
     vocab = model_vocabulary(model, tokenizer)    # as wide as the logits, with the model's EOS
-    processor = PegmaskLogitsProcessor(vocab, [{"json_schema": schema}, None])
+    processor = PegmaskLogitsProcessor(vocab, [{"json_schema": schema}, None], max_new_tokens=64)
     model.generate(**batch, logits_processor=[processor], max_new_tokens=64)
 
 One matcher per row of the batch, each with its own constraint (a spec of
@@ -14,6 +14,12 @@ constrained once its matcher has accepted a stop token (the grammar's end, then 
 pads it from then on. A token the mask did not allow (an earlier processor chose it) raises a
 `ValueError` rather than letting the row leave its grammar. One processor serves one `generate`
 call; compiled grammars outlive it in the `Constraints` it was given.
+
+Closing within the budget: given generate's `max_new_tokens`, a constrained row heads for the
+end of its grammar as the budget runs out (`close_on_length`, on by default, as in pegmask's
+server), so an answer cut by the budget is still complete (`fill_within_budget`). A processor
+does not see generate's arguments, hence the same number passed to both; without it the rows
+are masked only.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from pegmask.integrations.constraints import (
     Constraints,
     OutputFollower,
     TokenRejected,
+    fill_within_budget,
 )
 from pegmask.kernels import allocate_token_bitmask, apply_token_bitmask_inplace
 
@@ -49,10 +56,17 @@ class PegmaskLogitsProcessor(LogitsProcessor):
     `constraints`: one constraint for every row, or a list with one per input row (None leaves
     a row free). With `num_return_sequences` or beams, generate runs n rows per input row, next
     to each other; they share that row's constraint.
+
+    `max_new_tokens`: generate's, for closing within it (None: no closing); `close_on_length`
+    False masks only, and a row cut by the budget may be incomplete.
     """
 
     def __init__(self, vocab: Vocabulary | Constraints,
-                 constraints: Constraint | Sequence[Constraint | None] | None):
+                 constraints: Constraint | Sequence[Constraint | None] | None,
+                 max_new_tokens: int | None = None, close_on_length: bool = True):
+        if max_new_tokens is not None and max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be at least 1")
+        self.budget = max_new_tokens if close_on_length else None
         self.constraints = vocab if isinstance(vocab, Constraints) else Constraints(vocab)
         self.vocab = self.constraints.vocab
         if isinstance(constraints, (list, tuple)):
@@ -86,7 +100,8 @@ class PegmaskLogitsProcessor(LogitsProcessor):
                                  "token chose it") from exc
             if follower.stopped:
                 continue  # the row ended; generate pads it
-            follower.matcher.fill_next_token_bitmask(bitmask, row)
+            remaining = None if self.budget is None else self.budget - len(generated[row])
+            fill_within_budget(follower.matcher, bitmask, row, remaining)
             rows.append(row)
         if rows:
             mask = bitmask if scores.device.type == "cpu" else bitmask.to(scores.device)

@@ -1,6 +1,11 @@
 """Collection rules: tests of an integration whose host framework is not installed are not
-collected (the vllm-marked tests run in scripts/vllm_check.sh's venv, not in CI)."""
+collected (the vllm-marked tests run in scripts/vllm_check.sh's venv, the sglang-marked ones in
+scripts/make_sglang_venv.sh's, not in CI)."""
 
 import importlib.util
 
-collect_ignore = [] if importlib.util.find_spec("vllm") else ["test_integration_vllm.py"]
+collect_ignore = [
+    name for module, name in (("vllm", "test_integration_vllm.py"),
+                              ("sglang", "test_integration_sglang.py"))
+    if importlib.util.find_spec(module) is None
+]

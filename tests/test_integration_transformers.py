@@ -1,6 +1,6 @@
 """pegmask's LogitsProcessor inside transformers' `generate`: the embedded SmolLM2 writing JSON
 under a schema and a Hermes tool call, batches mixing constraints and free rows, sampling,
-beam search, and the errors a misuse gets."""
+beam search, closing within `max_new_tokens`, and the errors a misuse gets."""
 
 from __future__ import annotations
 
@@ -192,6 +192,73 @@ def test_noise_rows_with_different_grammars_stay_inside_them(
                     jsonschema.validate(json.loads(call["function"]["arguments"]),
                                         WEATHER["function"]["parameters"])
     assert finished >= 4
+
+
+PEOPLE = {"type": "object", "properties": {"people": {"type": "array", "items": PERSON,
+                                                    "minItems": 1}},
+          "required": ["people"], "additionalProperties": False}
+
+
+def test_an_answer_cut_by_max_new_tokens_is_still_complete_json(
+        smollm2: ModelBackend, constraints: Constraints) -> None:
+    """SmolLM2 lists people well past the budget: without closing the JSON is cut mid-way,
+    with it (the default) the same budget ends on a complete, valid document (heading for the
+    end as the budget runs out, it may end before it)."""
+    batch = chat_batch(smollm2, [user(smollm2, "List ten famous scientists as JSON: an "
+                                               "object with people, each a name and an age.")])
+    budget = 30
+    options = {"max_new_tokens": budget, "do_sample": False, "pad_token_id": pad_id(smollm2)}
+    texts = {}
+    for close in (False, True):
+        processor = PegmaskLogitsProcessor(constraints, {"json_schema": PEOPLE},
+                                           max_new_tokens=budget, close_on_length=close)
+        sequences = smollm2.model.generate(**batch, logits_processor=[processor], **options)
+        [(ids, ended)] = outputs(smollm2, batch, sequences)
+        assert len(ids) <= budget
+        texts[close] = smollm2.tokenizer.decode(ids)
+        if not close:
+            assert len(ids) == budget and not ended, texts  # the budget cut it
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(texts[False])
+    answer = json.loads(texts[True])
+    jsonschema.validate(answer, PEOPLE)
+    # The same greedy start: closing changes only the end.
+    assert texts[True][:20] == texts[False][:20], texts
+
+
+@pytest.mark.parametrize("budget", [14, 23, 40])
+def test_noise_cut_by_any_budget_ends_complete(smollm2: ModelBackend, noise_model: tuple,
+                                               budget: int) -> None:
+    """Random logits, a budget that cuts most rows: every constrained row still parses, ended
+    by EOS or not. (A tool call under Hermes' grammar takes about 30 tokens at least.)"""
+    model, vocab = noise_model
+    tool = {"dialect": "hermes", "reasoning": False, "tools": [WEATHER],
+            "tool_choice": "required"}
+    specs = [{"json_schema": PERSON}, {"json_schema": PEOPLE}, {"regex": PHONE},
+             {"choice": ["yes", "no"]}] + ([tool] if budget >= 40 else [])
+    batch = chat_batch(smollm2, [user(smollm2, "Go.")] * len(specs))
+    for seed in range(3):
+        processor = PegmaskLogitsProcessor(vocab, specs, max_new_tokens=budget)
+        torch.manual_seed(seed)
+        sequences = model.generate(**batch, logits_processor=[processor], max_new_tokens=budget,
+                                   do_sample=True, temperature=1.0, top_k=0,
+                                   pad_token_id=pad_id(smollm2))
+        for spec, (ids, _) in zip(specs, outputs(smollm2, batch, sequences), strict=True):
+            assert len(ids) <= budget
+            text = smollm2.tokenizer.decode(ids)
+            if "json_schema" in spec:
+                jsonschema.validate(json.loads(text), spec["json_schema"])
+            elif "regex" in spec:
+                assert re.fullmatch(PHONE, text), text
+            elif "choice" in spec:
+                assert text in ("yes", "no")
+            else:
+                dialect, request = chat_request(spec)
+                calls = dialect.parse(ids, request, vocab, trusted=True)["tool_calls"]
+                assert calls, text
+                for call in calls:
+                    jsonschema.validate(json.loads(call["function"]["arguments"]),
+                                        WEATHER["function"]["parameters"])
 
 
 class ForceToken(LogitsProcessor):

@@ -1,13 +1,17 @@
 """pegmask's vLLM plugin against the installed vLLM (scripts/vllm_check.sh's venv; not collected
 where vLLM is missing, see conftest.py): parser registration, the parsers composed by vLLM's
 own `ParserManager` and driven like its serving layer (whole and streamed) on SmolLM2's real
-tokenizer, and the logits processor through both model runners' interfaces."""
+tokenizer, and the logits processor through both model runners' interfaces, closing within
+each request's `max_tokens`."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
 from types import SimpleNamespace
 
+import jsonschema
 import numpy as np
 import pytest
 import torch
@@ -16,13 +20,27 @@ from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionReque
 from vllm.parser.parser_manager import ParserManager
 from vllm.reasoning import ReasoningParserManager
 from vllm.tool_parsers import ToolParser, ToolParserManager
-from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality
-from vllm.v1.worker.gpu.sample.logits_processor import LogitsContext, LogitsProcRequestState
+from vllm.v1.sample.logits_processor import (
+    BatchUpdate,
+    MoveDirectionality,
+    validate_logits_processors_parameters,
+)
+from vllm.v1.worker.gpu import buffer_utils
+from vllm.v1.worker.gpu.sample.logits_processor import (
+    LogitsContext,
+    build_custom_logits_processors,
+    build_custom_logits_processors_params_validator,
+)
+from vllm.v1.worker.gpu.states import RequestState
 from vocabularies import smollm2_tokenizer
 
 from pegmask.dialects import dialect_names
 from pegmask.integrations import vllm as plugin
-from pegmask.integrations.vllm.logits import PegmaskLogitsProcessor
+from pegmask.integrations.vllm.logits import (
+    PegmaskLogitsProcessor,
+    request_budget,
+    request_spec,
+)
 
 pytestmark = pytest.mark.vllm
 
@@ -205,47 +223,6 @@ def test_v1_placeholders_and_bad_specs(tokenizer_dir: str) -> None:
     PegmaskLogitsProcessor.validate_params(SamplingParams())  # no constraint: nothing to check
 
 
-def test_v2_processor_reads_committed_tokens_and_the_fed_one(tokenizer_dir: str) -> None:
-    width, slots, length = len(smollm2_tokenizer()), 4, 64
-    all_ids = torch.zeros(slots, length, dtype=torch.int64)
-    prompt_len = np.zeros(slots, dtype=np.int32)
-    states = LogitsProcRequestState(
-        device=torch.device("cpu"), max_num_reqs=slots, vocab_size=width,
-        all_token_ids=SimpleNamespace(gpu=all_ids), prompt_len=SimpleNamespace(np=prompt_len),
-        prefill_len=SimpleNamespace(np=prompt_len), total_len=SimpleNamespace(gpu=None))
-    processor = PegmaskLogitsProcessor(config(tokenizer_dir, width), states)
-    assert processor.add_request(3, masked_params({"regex": "[0-9]{2}-[0-9]{2}"})) is True
-    assert processor.add_request(1, SamplingParams()) is False
-    processor.apply_staged_writes()
-    prompt = [1, 5, 7]
-    prompt_len[3] = len(prompt)
-    all_ids[3, :3] = torch.tensor(prompt)
-    generated: list[int] = []
-    generator = torch.Generator().manual_seed(1)
-    for _ in range(10):
-        position = len(prompt) - 1 + len(generated)
-        fed = all_ids[3, position].item() if not generated else generated[-1]
-        # batch order: slot 1 then slot 3; the newest token is only in input_ids
-        ctx = LogitsContext(
-            expanded_idx_mapping=torch.tensor([1, 3]), idx_mapping=torch.tensor([1, 3]),
-            idx_mapping_np=np.array([1, 3]), expanded_local_pos=torch.zeros(2, dtype=torch.int64),
-            input_ids=torch.tensor([0, fed]), pos=torch.tensor([0, position]),
-            seq_lens_upper_bound_np=np.array([1, position + 1]))
-        logits = torch.randn(2, width, generator=generator)
-        free = logits[0].clone()
-        processor.apply(logits, ctx)
-        assert torch.equal(logits[0], free)
-        token = pick(logits, 1)
-        if generated:  # commit the token fed this step, as the runner does after it
-            all_ids[3, len(prompt) + len(generated) - 1] = generated[-1]
-        generated.append(token)
-        if token == 2:
-            break
-    assert generated[-1] == 2
-    value = text(generated[:-1])
-    assert len(value) == 5 and value[2] == "-" and (value[:2] + value[3:]).isdigit(), value
-
-
 def test_a_dialect_spec_masks_the_whole_turn(tokenizer_dir: str) -> None:
     width = len(smollm2_tokenizer())
     processor = PegmaskLogitsProcessor(config(tokenizer_dir, width), torch.device("cpu"), False)
@@ -259,3 +236,255 @@ def test_a_dialect_spec_masks_the_whole_turn(tokenizer_dir: str) -> None:
     encode = smollm2_tokenizer().encode
     assert encode("<", add_special_tokens=False)[0] in allowed
     assert encode("Sure", add_special_tokens=False)[0] not in allowed
+
+
+# --------------------------------------------------------------------------- closing
+PERSON = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 24},
+    "tags": {"type": "array", "items": {"type": "string"}},
+    "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+    "required": ["name", "age"], "additionalProperties": False}
+
+
+def v1_run(processor: PegmaskLogitsProcessor, params: list[SamplingParams], width: int,
+           seed: int) -> list[list[int]]:
+    """Decode a batch through the V1 interface on random logits (noise the mask must hold
+    in), each row until EOS or its max_tokens; the outputs without EOS."""
+    outputs: list[list[int]] = [[] for _ in params]
+    processor.update_state(BatchUpdate(batch_size=len(params), removed=[], moved=[], added=[
+        (i, p, [1], outputs[i]) for i, p in enumerate(params)]))
+    generator = torch.Generator().manual_seed(seed)
+    live = set(range(len(params)))
+    while live:
+        logits = processor.apply(torch.randn(len(params), width, generator=generator))
+        for row in sorted(live):
+            token = pick(logits, row)
+            outputs[row].append(token)
+            if token == 2 or len(outputs[row]) == params[row].max_tokens:
+                live.discard(row)
+    return [out[:-1] if out and out[-1] == 2 else out for out in outputs]
+
+
+@pytest.mark.parametrize("budget", [12, 17, 30])
+def test_v1_closes_json_within_max_tokens(tokenizer_dir: str, budget: int) -> None:
+    """Every row ends on a complete document within its max_tokens, cut or not; with
+    close_on_length false in vllm_xargs the same noise leaves documents cut."""
+    width = len(smollm2_tokenizer())
+    spec = json.dumps({"json_schema": PERSON})
+    cut = 0
+    for seed in range(4):
+        processor = PegmaskLogitsProcessor(config(tokenizer_dir, width, rows=2),
+                                           torch.device("cpu"), False)
+        closing = SamplingParams(max_tokens=budget, extra_args={"pegmask": spec})
+        plain = SamplingParams(max_tokens=budget, extra_args={
+            "pegmask": spec, "close_on_length": False})
+        closed, open_ = v1_run(processor, [closing, plain], width, seed)
+        assert len(closed) <= budget
+        jsonschema.validate(json.loads(text(closed)), PERSON)
+        try:
+            jsonschema.validate(json.loads(text(open_)), PERSON)
+        except ValueError:
+            cut += 1
+    assert cut >= 2  # without closing, noise is mostly cut mid-document
+
+
+def test_close_on_length_is_checked_and_read_from_xargs() -> None:
+    spec = json.dumps({"regex": "a+"})
+    assert request_budget(SamplingParams(max_tokens=9, extra_args={"pegmask": spec})) == 9
+    for off in (False, 0, "false"):
+        assert request_budget(SamplingParams(max_tokens=9, extra_args={
+            "pegmask": spec, "close_on_length": off})) is None
+    with pytest.raises(ValueError, match="close_on_length must be true or false"):
+        PegmaskLogitsProcessor.validate_params(SamplingParams(extra_args={
+            "pegmask": spec, "close_on_length": "maybe"}))
+    # through vLLM's own request model: vllm_xargs carries the flag to the SamplingParams
+    req = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "Hi"}],
+                                max_completion_tokens=5, vllm_xargs={"pegmask": spec,
+                                                          "close_on_length": False})
+    params = req.to_sampling_params(max_tokens=5, default_sampling_params={})
+    assert request_budget(params) is None and request_spec(params) == spec
+
+
+@pytest.fixture
+def runner_states(monkeypatch: pytest.MonkeyPatch) -> RequestState:
+    """The V2 model runner's own per-slot request state. vLLM backs it with pinned memory on a
+    CPU platform; this machine has none, so it takes vLLM's explicit-copy fallback
+    (`NonUvaBuffer`, as on platforms without pinned memory)."""
+    monkeypatch.setattr(buffer_utils, "is_uva_available", lambda: False)
+    return RequestState(max_num_reqs=4, max_model_len=96, max_num_batched_tokens=96,
+                        num_speculative_steps=0, vocab_size=len(smollm2_tokenizer()),
+                        device=torch.device("cpu"))
+
+
+def v2_run(states: RequestState, params: list[SamplingParams], tokenizer_dir: str,
+           seed: int) -> list[list[int]]:
+    """Decode a batch through the V2 interface on random logits, the processor built by the V2
+    runner's own loader over its `RequestState`, the last request free. Each step's newest
+    token is only in input_ids; the ones before it are committed to all_token_ids after the
+    step. (The runner commits with Triton kernels, which this CPU build of vLLM lacks: the
+    test writes the same cells.)"""
+    width, prompt = states.vocab_size, [1, 5, 7]
+    [processor] = build_custom_logits_processors(
+        config(tokenizer_dir, width), states, False, [PegmaskLogitsProcessor])
+    slot_of = []
+    for i, p in enumerate(params):
+        states.add_request(f"r{i}", prompt_len=len(prompt), all_token_ids=prompt,
+                           num_computed_tokens=0, max_tokens=p.max_tokens)
+        slot = states.req_id_to_index[f"r{i}"]
+        states.all_token_ids.clear_staged_writes()  # (applied by a Triton kernel)
+        states.all_token_ids.gpu[slot, :len(prompt)] = torch.tensor(prompt)
+        assert processor.add_request(slot, p) is (i < len(params) - 1)
+        slot_of.append(slot)
+    states.prompt_len.copy_to_uva()
+    processor.apply_staged_writes()
+    outputs: list[list[int]] = [[] for _ in params]
+    live = list(range(len(params)))
+    generator = torch.Generator().manual_seed(seed)
+    while live:
+        fed = [outputs[r][-1] if outputs[r] else prompt[-1] for r in live]
+        pos = [len(prompt) - 1 + len(outputs[r]) for r in live]
+        mapping = np.array([slot_of[r] for r in live])
+        ctx = LogitsContext(
+            expanded_idx_mapping=torch.from_numpy(mapping), idx_mapping=torch.from_numpy(mapping),
+            idx_mapping_np=mapping, expanded_local_pos=torch.zeros(len(live), dtype=torch.int64),
+            input_ids=torch.tensor(fed), pos=torch.tensor(pos),
+            seq_lens_upper_bound_np=np.array(pos) + 1)
+        logits = torch.randn(len(live), width, generator=generator)
+        free = logits[-1].clone() if live[-1] == len(params) - 1 else None
+        logits = processor.apply(logits, ctx)
+        if free is not None:
+            assert torch.equal(logits[-1], free)  # the free request's row is untouched
+        for i, row in enumerate(list(live)):
+            if outputs[row]:  # commit the token fed this step
+                states.all_token_ids.gpu[slot_of[row], len(prompt) + len(outputs[row]) - 1] = \
+                    outputs[row][-1]
+            token = pick(logits, i)
+            outputs[row].append(token)
+            if token == 2 or len(outputs[row]) == params[row].max_tokens:
+                live.remove(row)
+    return [out[:-1] if out and out[-1] == 2 else out for out in outputs]
+
+
+@pytest.mark.parametrize("budget", [13, 25])
+def test_v2_closes_within_max_tokens(runner_states: RequestState, tokenizer_dir: str,
+                                     budget: int) -> None:
+    """V2: each row follows its slot's committed tokens and the one fed this step, and ends
+    complete within its max_tokens."""
+    validate = build_custom_logits_processors_params_validator([PegmaskLogitsProcessor])
+    specs = [{"json_schema": PERSON}, {"regex": "[a-z]{4,}@[a-z]{6,}\\.com"}]
+    params = [SamplingParams(max_tokens=budget, extra_args={"pegmask": json.dumps(s)})
+              for s in specs] + [SamplingParams(max_tokens=budget)]
+    for p in params:
+        validate(p)
+    for seed in range(3):
+        for req_id in list(runner_states.req_id_to_index):
+            runner_states.remove_request(req_id)
+        document, address, _ = v2_run(runner_states, params, tokenizer_dir, seed)
+        assert len(document) <= budget and len(address) <= budget
+        jsonschema.validate(json.loads(text(document)), PERSON)
+        assert re.fullmatch("[a-z]{4,}@[a-z]{6,}\\.com", text(address)), text(address)
+
+
+# --------------------------------------------------------------------------- without vllm_xargs
+def admitted(request: ChatCompletionRequest, runner: str) -> SamplingParams:
+    """The request's SamplingParams as vLLM's serving layer builds them, after admission by
+    the runner's own validator (where the processor takes vLLM's structured outputs)."""
+    params = request.to_sampling_params(max_tokens=request.max_completion_tokens or 16,
+                                        default_sampling_params={})
+    if runner == "v1":
+        validate_logits_processors_parameters([PegmaskLogitsProcessor], params)
+    else:
+        build_custom_logits_processors_params_validator([PegmaskLogitsProcessor])(params)
+    return params
+
+
+def chat(**options) -> ChatCompletionRequest:
+    return ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "Hi"}],
+                                 **options)
+
+
+@pytest.mark.parametrize("runner", ["v1", "v2"])
+def test_response_formats_go_to_pegmask_when_the_server_says_so(
+        monkeypatch: pytest.MonkeyPatch, runner: str) -> None:
+    schema_format = {"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}}
+    params = admitted(chat(response_format=schema_format, max_completion_tokens=20), runner)
+    assert params.structured_outputs is not None and request_spec(params) is None  # vLLM's
+
+    monkeypatch.setenv("PEGMASK_VLLM_STRUCTURED_OUTPUTS", "1")
+    params = admitted(chat(response_format=schema_format, max_completion_tokens=20), runner)
+    assert params.structured_outputs is None
+    assert json.loads(request_spec(params)) == {"json_schema": PERSON}
+    params = admitted(chat(response_format={"type": "json_object"}), runner)
+    assert params.structured_outputs is None
+    assert json.loads(request_spec(params)) == {"json_object": True}
+    grammar = admitted(chat(structured_outputs={"grammar": 'root ::= "a"'}), runner)
+    assert grammar.structured_outputs.grammar and request_spec(grammar) is None  # vLLM's
+    mine = admitted(chat(response_format={"type": "json_object"},
+                         vllm_xargs={"pegmask": '{"regex": "x"}'}), runner)
+    assert request_spec(mine) == '{"regex": "x"}'  # an explicit constraint wins
+
+
+def test_tool_choice_required_of_another_tool_parser_goes_to_pegmask(
+        monkeypatch: pytest.MonkeyPatch, tokenizer_dir: str) -> None:
+    """vLLM's pythonic tool parser asks its backend for a JSON array of calls for required and
+    named tool_choice; with the variable set pegmask enforces that schema, and closes it within
+    max_tokens. (Parsers that ask for an xgrammar structural tag instead, hermes among them,
+    keep vLLM's backend.)"""
+    monkeypatch.setenv("PEGMASK_VLLM_STRUCTURED_OUTPUTS", "1")
+    parser = ToolParserManager.get_tool_parser("pythonic")(smollm2_tokenizer())
+    width = len(smollm2_tokenizer())
+    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+        req = parser.adjust_request(chat(tools=[WEATHER], tool_choice=choice, max_completion_tokens=24))
+        params = admitted(req, "v1")
+        assert params.structured_outputs is None
+        schema = json.loads(request_spec(params))["json_schema"]
+        processor = PegmaskLogitsProcessor(config(tokenizer_dir, width, rows=1),
+                                           torch.device("cpu"), False)
+        [output] = v1_run(processor, [params], width, seed=0)
+        assert len(output) <= 24
+        jsonschema.validate(json.loads(text(output)), schema)
+
+
+PEOPLE = {"type": "object", "properties": {"people": {"type": "array", "minItems": 1,
+                                                    "items": PERSON}},
+          "required": ["people"], "additionalProperties": False}
+
+
+def test_smollm2_answer_cut_by_max_tokens_is_complete_json(tokenizer_dir: str) -> None:
+    """The embedded SmolLM2 (greedy) lists people past the budget, through the V1 interface:
+    the request that closes ends on a valid document, the one with close_on_length false in
+    vllm_xargs is cut."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from pegmask.engine.model import load_backend
+
+    backend = load_backend()
+    width, budget = backend.logits_width, 30
+    chat_text = backend.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "List ten famous scientists as JSON: an object with "
+                                     "people, each a name and an age."}],
+        tokenize=False, add_generation_prompt=True)
+    prompt = backend.tokenizer.encode(chat_text, add_special_tokens=False)
+    spec = json.dumps({"json_schema": PEOPLE})
+    outputs: list[list[int]] = []
+    for close in (True, False):
+        xargs = {"pegmask": spec} if close else {"pegmask": spec, "close_on_length": False}
+        processor = PegmaskLogitsProcessor(config(tokenizer_dir, width, rows=1),
+                                           torch.device("cpu"), False)
+        output: list[int] = []
+        processor.update_state(BatchUpdate(batch_size=1, removed=[], moved=[], added=[
+            (0, SamplingParams(max_tokens=budget, extra_args=xargs), prompt, output)]))
+        with torch.inference_mode():
+            step = backend.model(torch.tensor([prompt]), use_cache=True)
+            while True:
+                output.append(pick(processor.apply(step.logits[:, -1].float()), 0))
+                if len(output) == budget or output[-1] == 2:
+                    break
+                step = backend.model(torch.tensor([output[-1:]]), use_cache=True,
+                                     past_key_values=step.past_key_values)
+        outputs.append(output)
+    closed, cut = (text([t for t in out if t != 2]) for out in outputs)
+    assert len(outputs[0]) <= budget
+    jsonschema.validate(json.loads(closed), PEOPLE)
+    assert len(outputs[1]) == budget
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(cut)

@@ -12,6 +12,19 @@ engine loads. Tokens are read in `apply`, where they are real ids: with async sc
 output lists hold `-1` placeholders before that (and only a processor passed with
 `--logits-processors` gets them patched in).
 
+Without `vllm_xargs`: started with `PEGMASK_VLLM_STRUCTURED_OUTPUTS=1` in its environment, the
+server hands pegmask what vLLM's own structured-output backend would have enforced: a
+request's `response_format` (json_schema, json_object), `structured_outputs` json, json_object,
+regex or choice, and the JSON schema a vLLM tool parser sets for `tool_choice` "required" or a
+named function (`take_structured_outputs`, at admission). EBNF/Lark grammars and structural tags
+stay with vLLM's backend. (With a pegmask tool parser, requests with tools get the dialect's
+whole-turn grammar either way.)
+
+Closing within the budget, as pegmask's server (`close_on_length`): a constrained request heads
+for the end of its grammar as its `max_tokens` runs out, so an answer cut by the budget is still
+complete (`fill_within_budget`). On by default; `vllm_xargs={"close_on_length": false}` turns it
+off for a request.
+
 A request whose output leaves its grammar (a token from outside the mask, e.g. a placeholder)
 or that has no allowed token left is ended: only EOS stays allowed, and the error is logged.
 Speculative decoding is not supported (one logits row per request).
@@ -22,6 +35,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +50,7 @@ from pegmask.integrations.constraints import (
     Constraints,
     OutputFollower,
     TokenRejected,
+    fill_within_budget,
     grammar_for_spec,
 )
 from pegmask.integrations.vllm.parsers import XARGS_KEY
@@ -43,12 +58,54 @@ from pegmask.kernels import allocate_token_bitmask, apply_token_bitmask_inplace
 from pegmask.kernels.bitmask import pack_token_ids
 
 logger = logging.getLogger(__name__)
+CLOSE_KEY = "close_on_length"  # the vllm_xargs field that turns closing off (false)
+STRUCTURED_ENV = "PEGMASK_VLLM_STRUCTURED_OUTPUTS"  # "1": take vLLM's structured outputs over
 
 
 def request_spec(sampling_params: Any) -> Any:
     """The pegmask constraint a request carries in `extra_args` (`vllm_xargs`), or None."""
     extra = getattr(sampling_params, "extra_args", None) or {}
     return extra.get(XARGS_KEY)
+
+
+def take_structured_outputs(sampling_params: Any) -> None:
+    """Where `STRUCTURED_ENV` is "1" and a request carries no pegmask constraint, move its vLLM
+    structured output (json schema, json_object, regex, choice) into `extra_args` as a pegmask
+    constraint and take it from vLLM's backend, so unchanged OpenAI clients get pegmask's grammar
+    (and its closing within `max_tokens`). Runs in `validate_params`: the one hook that sees
+    every request's final `SamplingParams` in the frontend, after vLLM's serving layer and tool
+    parsers filled in `structured_outputs` and before the engine reads them."""
+    if os.environ.get(STRUCTURED_ENV, "") != "1" or request_spec(sampling_params) is not None:
+        return
+    wanted = getattr(sampling_params, "structured_outputs", None)
+    if wanted is None:
+        return
+    if wanted.json is not None:
+        spec: dict[str, Any] = {"json_schema": wanted.json}
+    elif wanted.json_object:
+        spec = {"json_object": True}
+    elif wanted.regex is not None:
+        spec = {"regex": wanted.regex}
+    elif wanted.choice is not None:
+        spec = {"choice": list(wanted.choice)}
+    else:
+        return  # an EBNF/Lark grammar or a structural tag: vLLM's backend keeps it
+    extra = dict(sampling_params.extra_args or {})
+    extra[XARGS_KEY] = json.dumps(spec, ensure_ascii=False)
+    sampling_params.extra_args = extra
+    sampling_params.structured_outputs = None
+
+
+def request_budget(sampling_params: Any) -> int | None:
+    """The output tokens a request may write, for closing within them; None where it does not
+    close (`vllm_xargs` "close_on_length" false, or no `max_tokens`)."""
+    extra = getattr(sampling_params, "extra_args", None) or {}
+    value = extra.get(CLOSE_KEY, True)
+    if isinstance(value, str) and value.lower() in ("true", "false", "1", "0"):
+        value = value.lower() in ("true", "1")
+    if value not in (True, False):  # (1 and 0 are equal to True and False)
+        raise ValueError(f"vllm_xargs {CLOSE_KEY} must be true or false, got {value!r}")
+    return sampling_params.max_tokens if value else None
 
 
 @functools.cache
@@ -76,6 +133,7 @@ class _Row:
 
     follower: OutputFollower
     request: str  # for logs
+    budget: int | None  # max_tokens where the request closes within it
     output_ids: list[int] = field(default_factory=list)
     ended: bool = False  # forced to EOS after an error
 
@@ -85,10 +143,13 @@ class PegmaskLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
 
     @classmethod
     def validate_params(cls, sampling_params: Any) -> None:
-        """Reject a malformed constraint at admission (HTTP 400 naming the problem)."""
+        """Reject a malformed constraint at admission (HTTP 400 naming the problem); take over
+        vLLM's structured outputs where the server says so (`take_structured_outputs`)."""
+        take_structured_outputs(sampling_params)
         spec = request_spec(sampling_params)
         if spec is not None:
             grammar_for_spec(spec)  # raises InvalidRequestError, a ValueError
+            request_budget(sampling_params)
 
     def __init__(self, vllm_config: Any, *args: Any):
         if vllm_config.speculative_config is not None:
@@ -117,7 +178,8 @@ class PegmaskLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
         spec = request_spec(sampling_params)
         if spec is None:
             return None
-        return _Row(OutputFollower(self.constraints.matcher(spec)), name)
+        return _Row(OutputFollower(self.constraints.matcher(spec)), name,
+                    request_budget(sampling_params))
 
     def _masked(self, logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
         if rows:
@@ -135,10 +197,12 @@ class PegmaskLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
                 if any(token < 0 for token in tokens):
                     raise ValueError("its output ids hold async-scheduling placeholders (-1): "
                                      "pass the processor with --logits-processors")
-                row.follower.follow(tokens, start)
-                if row.follower.stopped:
+                follower = row.follower
+                follower.follow(tokens, start)
+                if follower.stopped:
                     return False
-                row.follower.matcher.fill_next_token_bitmask(self._bitmask, index)
+                remaining = None if row.budget is None else row.budget - len(follower.read)
+                fill_within_budget(follower.matcher, self._bitmask, index, remaining)
                 if bool(self._bitmask[index].any()):
                     return True
                 raise ValueError("no token is allowed")
