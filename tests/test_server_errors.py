@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -277,26 +278,35 @@ def test_body_over_the_limit_is_413(guarded: Server) -> None:
 # --------------------------------------------------------------------------- 429
 def test_full_queue_is_429() -> None:
     """One running sequence, one queued request: the others at the same moment are refused,
-    with Retry-After, in each API's shape."""
+    with Retry-After, in each API's shape. The first request is running before the others are
+    sent (sent together, the first could still be waiting to be admitted, and then take the
+    queue's one place itself)."""
     with Engine(max_running=1, max_queued=1) as engine, serve(engine) as tight:
         model = engine.model_name
-        barrier = threading.Barrier(6)
+        barrier = threading.Barrier(5)
 
         def call(i: int) -> Any:
-            barrier.wait()
+            if i:
+                barrier.wait()
             try:
                 if i % 2:
                     return tight.anthropic().messages.create(
                         model=model, messages=USER, max_tokens=24,
                         extra_body={"ignore_eos": True, "temperature": 0})
                 return tight.openai().chat.completions.create(
-                    model=model, messages=USER, max_tokens=24,
+                    model=model, messages=USER, max_tokens=200 if i == 0 else 24,
                     extra_body={"ignore_eos": True}, temperature=0)
             except (openai.APIStatusError, anthropic.APIStatusError) as exc:
                 return exc
 
         with ThreadPoolExecutor(6) as pool:
-            outcomes = list(pool.map(call, range(6)))
+            first = pool.submit(call, 0)
+            deadline = time.monotonic() + 60
+            while engine.scheduler.running < 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert engine.scheduler.running == 1
+            others = pool.map(call, range(1, 6))  # (submitted now, read after)
+            outcomes = [first.result(), *others]
     refused = [o for o in outcomes if isinstance(o, (openai.APIStatusError,
                                                      anthropic.APIStatusError))]
     served = [o for o in outcomes if o not in refused]
