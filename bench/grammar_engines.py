@@ -155,16 +155,20 @@ class Pegmask(Engine):
 
 
 class XGrammar(Engine):
+    """`cache_enabled=False`: xgrammar's compiler without its compiled-grammar cache, which it
+    enables by default (with it, the compile also builds what the cache keeps: a 20,000-string
+    enum takes about 5x longer; bench/compile_scale.py shows both)."""
+
     name = "xgrammar"
 
-    def __init__(self, model: Model, config: str = "default"):
+    def __init__(self, model: Model, config: str = "default", *, cache_enabled: bool = True):
         import xgrammar as xgr
 
         super().__init__(model, config)
         info = xgr.TokenizerInfo.from_huggingface(
             model.tokenizer, vocab_size=model.size, stop_token_ids=[model.eos_id]
         )
-        self.compiler = xgr.GrammarCompiler(info)
+        self.compiler = xgr.GrammarCompiler(info, cache_enabled=cache_enabled)
         self.matcher_class = xgr.GrammarMatcher
         self.bitmask = xgr.allocate_token_bitmask(1, model.size)
         self.bitmask_np = self.bitmask.numpy()

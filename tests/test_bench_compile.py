@@ -26,11 +26,11 @@ def test_compile_command_smoke(tmp_path: Path) -> None:
     assert cli(["bench", "compile", "--enums", "200", "--tools", "3", "--runs", "1",
                 "--out", str(out)]) == 0
     report = out.read_text()
-    assert "| 200 |" in report and "| 3 |" in report
+    assert "| 200 |" in report and "| 3 |" in report and "xgrammar, cache off" in report
     data = json.loads(out.with_suffix(".json").read_text())
     for kind, size in (("enums", "200"), ("tools", "3")):
         engines = data["results"][kind][size]
-        assert set(engines) == {"pegmask", "xgrammar", "llguidance"}
+        assert set(engines) == {"pegmask", "xgrammar", "llguidance", "xgrammar, cache off"}
         assert all("error" not in figures for figures in engines.values()), engines
         assert engines["pegmask"]["to_first_mask_ms"] >= engines["pegmask"]["first_mask_ms"] > 0
     assert out.with_suffix(".png").read_bytes()[:8] == PNG
