@@ -417,6 +417,9 @@ class Engine:
         if request.is_chat:
             prompt_text, native = self._render(request)
             prompt_ids = self.backend.encode(prompt_text)
+            # the prompt's tail says whether the output starts inside reasoning
+            request = dataclasses.replace(request, chat=dataclasses.replace(
+                request.chat, generation_prompt=prompt_text))
             if not native:
                 prompt_text = None
         else:
