@@ -292,8 +292,8 @@ def _derive(template: str, kwargs: tuple[tuple[str, Any], ...]) -> TurnFormat:
     two = probes.calls([(_NAMES[0], _STRINGS), (_NAMES[1], _STRINGS)])
     if not two:
         raise DerivationError("the template cannot write two calls in one turn")
-    section_one, ends = _section(one, text, after)
-    section_two, _ = _section(two, text, after)
+    section_one, ends = _section(one, text, after, end)
+    section_two, _ = _section(two, text, after, end)
     if section_two.count(_NAMES[0]) != 1 or section_two.count(_NAMES[1]) != 1:
         raise DerivationError("the template writes a call's name more than once")
     eos = tuple(dict.fromkeys(token for token in (end, ends) if token))
@@ -311,7 +311,7 @@ def _derive(template: str, kwargs: tuple[tuple[str, Any], ...]) -> TurnFormat:
     if not empty:
         raise DerivationError("the template cannot write a call without arguments")
     nested = probes.calls([(_NAMES[0], _NESTED_ARGS)])
-    return _params_format(head, tail_one, _section(empty, text, after)[0], nested, common)
+    return _params_format(head, tail_one, _section(empty, text, after, end)[0], nested, common)
 
 
 def _reasoning(probes: _Probes, before: str, after: str
@@ -356,12 +356,17 @@ def _split_reasoning(probes: _Probes) -> tuple[str | None, str | None, bool | No
     return opening, close, True if probes.header.rstrip().endswith(opening) else None
 
 
-def _section(turn: str, text: str, after: str) -> tuple[str, str | None]:
+def _section(turn: str, text: str, after: str, eos: str | None) -> tuple[str, str | None]:
     """The calls of a calls-only turn, with the token ending it: the turn without what the
-    content-only turn also writes before its content and at its end."""
+    content-only turn also writes before its content and at its end, and without what
+    follows the end of turn `eos` after the last call (R1's template writes the turn's
+    content after its calls, in an assistant turn of its own)."""
     content_at = text.index(_CONTENT)
     start = min(common_prefix(turn, text), content_at)
     end = len(turn) - min(common_suffix(turn, text), len(after))
+    last_call = max(turn.rfind(name) for name in _NAMES)
+    if eos and start <= last_call and eos in turn[last_call:end]:
+        end = turn.index(eos, last_call)
     section = turn[start:end]
     if not section.strip():
         raise DerivationError("the template writes no calls")

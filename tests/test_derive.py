@@ -147,14 +147,8 @@ def test_which_templates_derive() -> None:
 
 # Templates that derive but whose renderings do not all read back yet, and why (issue 36).
 ROUND_TRIP_GAPS = {
-    "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja":
-        "the strict grammar rejects some renderings token by token",
     "NVIDIA-Nemotron-Nano-v2.jinja": "content beside calls is written in an assistant turn of "
                                      "its own",
-    "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja":
-        "the call section's close takes the end of turn and the next turn's header",
-    "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja":
-        "the template fails to render some drawn turns (both argument forms)",
     "vllm-tool_chat_template_deepseekr1.jinja":
         "the template indents the calls 20 spaces, past the strict framing whitespace",
 }
@@ -215,6 +209,10 @@ def _render_turn(name: str, tools: list[dict], message: dict[str, Any],
 VALUES = {"python": SIMPLE_VALUES,
           "mixed": JSON_VALUES.filter(lambda value: value is not None
                                       and not isinstance(value, bool))}
+# Hermes 2 Pro's template recurses without end on a parameter of type "null" (a tool it cannot
+# render), so its tools declare none.
+TEMPLATE_VALUES = {"NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja":
+                   JSON_VALUES.filter(lambda value: value is not None)}
 ROUND_TRIPS = settings(max_examples=10, deadline=None, phases=[Phase.explicit, Phase.generate],
                        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                               HealthCheck.filter_too_much])
@@ -233,13 +231,15 @@ def test_template_turns_read_back_through_the_derived_dialect(name: str,
     turn_format = dialect.format
     reasons = turn_format.think_close is not None
     family = Family(DERIVED, name, lambda: (None, None), "", lambda calls: "",
-                    reasoning=reasons, values=VALUES.get(turn_format.values))
+                    reasoning=reasons,
+                    values=TEMPLATE_VALUES.get(name, VALUES.get(turn_format.values)))
     tools, message, calls, content, reasoning = data.draw(turns(family))
     kwargs = {**TEMPLATE_KWARGS.get(name, {}), "enable_thinking": reasons}
     output = _render_turn(name, tools, message, turn_format, kwargs)
     assert output is not None
     # what the template drops (content beside calls, reasoning) the output does not hold
-    written = output.split(turn_format.think_close)[0] if turn_format.think_close else ""
+    close = turn_format.think_close
+    written = output.split(close)[0] if close and close in output else ""  # the reasoning
     expected = (calls, content if content in output else "",
                 reasoning if reasoning and reasoning in written else "")
     request = request_for(tools, family)
