@@ -235,6 +235,16 @@ class _Probes:
         self.header = header
         return region[common_prefix(region, header):]
 
+    def end_before_next(self, message: dict[str, Any]) -> str | None:
+        """The token after `message`'s content where a user turn follows it: the end of a
+        turn that a template writes only before another (Hy3's, GLM's next header)."""
+        try:
+            text = self._render([*_HISTORY, message, {"role": "user", "content": "Again?"}],
+                                False)
+        except Exception:  # noqa: BLE001 - a template may fail in any way
+            return None
+        return _first_token(text.split(_CONTENT, 1)[1]) if _CONTENT in text else None
+
     def calls(self, calls: Sequence[tuple[str, dict[str, Any]]]) -> str:
         """The turn of a message holding only `calls`: arguments as an object, else as JSON
         text, content "" else None (templates expect one or the other); "" if none renders
@@ -283,7 +293,8 @@ def _derive(template: str, kwargs: tuple[tuple[str, Any], ...]) -> TurnFormat:
     if before.strip():
         raise DerivationError(f"the template writes {before.strip()!r} before a turn's content")
     # the end of a turn is a special token, whether or not it looks like a tag ("[e~[")
-    end = _first_token(after) or next(iter(after.split()), None)
+    end = _first_token(after) or next(iter(after.split()), None) \
+        or probes.end_before_next({"role": "assistant", "content": _CONTENT})
 
     one = probes.calls([(_NAMES[0], _STRINGS)])
     if not one:
@@ -324,20 +335,42 @@ def _reasoning(probes: _Probes, before: str, after: str
     except Exception:  # noqa: BLE001 - a template may fail in any way
         return _split_reasoning(probes)
     if _REASON not in text or _CONTENT not in text:
+        empty = _EMPTY_BLOCK.fullmatch(before.strip())
+        if empty:  # an empty block before every content (Kimi K2 Thinking's past turns)
+            return empty.group(1), empty.group(3), None
         return _split_reasoning(probes)
     ahead, behind = text.split(_REASON, 1)
     close = _first_token(behind)
     if close is None:
         raise DerivationError(f"reasoning is not closed by a special token: {behind[:40]!r}")
-    opening = "<" + close[2:] if close.startswith("</") else None
-    prompt_opens = opening is not None and probes.header.rstrip().endswith(opening)
-    if opening is not None and (ahead.rstrip().endswith(opening) or prompt_opens):
-        # opened in the turn (detected) or by the generation prompt (on)
-        return opening, close, True if prompt_opens else None
+    header = probes.header.rstrip()
+    for opening in _openings(close):
+        prompt_opens = header.endswith(opening)
+        if ahead.rstrip().endswith(opening) or prompt_opens:
+            # opened in the turn (detected) or by the generation prompt (on)
+            return opening, close, True if prompt_opens else None
+        if not ahead.strip() and opening in header:
+            # opened where the turn and the prompt agree; the prompt may close it (off)
+            return opening, close, False if header.endswith(close) else None
     if not ahead.strip() and before.lstrip().startswith(close):
         # the turn starts inside reasoning: its opening is the prompt's
-        return opening or close, close, True
+        return next(iter(_openings(close)), close), close, True
     raise DerivationError(f"reasoning is not opened by a counterpart of {close!r}")
+
+
+# An empty reasoning block: a tag and its closing counterpart.
+_EMPTY_BLOCK = re.compile(r"(<([^<>/\s]+)>)\s*(</\2>)")
+
+
+def _openings(close: str) -> list[str]:
+    """The tags that may open what `close` closes: `</x>` -> `<x>`; `END` -> `START` or
+    `BEGIN`, `suffix` -> `prefix` (Command A's `<|START_THINKING|>`, Apertus' `<|inner_prefix|>`)."""
+    found = ["<" + close[2:]] if close.startswith("</") else []
+    for end, start in (("END", "START"), ("END", "BEGIN"), ("end", "start"), ("end", "begin"),
+                       ("suffix", "prefix")):
+        if end in close:
+            found.append(close.replace(end, start, 1))
+    return found
 
 
 # A template that drops reasoning from its history cuts it off the content at its closing tag.

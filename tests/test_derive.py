@@ -17,7 +17,6 @@ from families import (
     Family,
     compiler,
     qwen_with,
-    request_for,
     summary,
     tool_of,
     turns,
@@ -54,6 +53,8 @@ TEMPLATE_KWARGS: dict[str, dict[str, str]] = {
     "unsloth-mistral-Devstral-Small-2507.jinja": {"bos_token": "<s>", "eos_token": "</s>"},
     "meetkai-functionary-medium-v3.1.jinja": {"bos_token": "<|begin_of_text|>"},
     "unsloth-Apriel-1.5.jinja": {"bos_token": "<s>", "eos_token": "</s>"},
+    # Hy3 reasons only with an effort (its prompt closes reasoning by default)
+    "tencent-Hy3.jinja": {"reasoning_effort": "high"},
 }
 
 # Every template of data/templates: None where a dialect derives, else the DerivationError.
@@ -62,7 +63,7 @@ DERIVES: dict[str, str | None] = {
     'Apertus-8B-Instruct.jinja':
         "the template cannot render an assistant turn: 'dict object' has no attribute 'description'",
     'ByteDance-Seed-OSS.jinja': None,
-    'Cohere2MoE.jinja': "reasoning is not opened by a counterpart of '<|END_THINKING|>'",
+    'Cohere2MoE.jinja': "the template writes '<|START_TEXT|>' before a turn's content",
     'CohereForAI-c4ai-command-r-plus-tool_use.jinja':
         "the template cannot render an assistant turn: 'dict object' has no attribute 'additionalProperties'",
     'CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja':
@@ -109,13 +110,13 @@ DERIVES: dict[str, str | None] = {
     'mistralai-Mistral-Nemo-Instruct-2407.jinja':
         "the template writes 'Question?[/INST]' before a turn's content",
     'moonshotai-Kimi-K2-Thinking.jinja':
-        "the template writes '<think></think>' before a turn's content",
+        "the template writes no tool calls (a call's name is not in its rendering)",
     'moonshotai-Kimi-K2.jinja': None,
     'nvidia-Llama-3_3-Nemotron-Super-49B-v1_5.jinja': None,
     'openai-gpt-oss-120b.jinja': "reasoning is not opened by a counterpart of '<|end|>'",
     'poolside-Laguna-S-2.1.jinja': None,
     'poolside-Laguna-XS.2.jinja': None,
-    'tencent-Hy3.jinja': "reasoning is not opened by a counterpart of '</think:opensource>'",
+    'tencent-Hy3.jinja': None,
     'unsloth-Apriel-1.5.jinja': None,
     'unsloth-mistral-Devstral-Small-2507.jinja': None,
     'vllm-tool_chat_template_deepseekr1.jinja': None,
@@ -169,12 +170,12 @@ HISTORY = [{"role": "system", "content": "You are helpful."},
 
 
 def _render_turn(name: str, tools: list[dict], message: dict[str, Any],
-                 turn_format: TurnFormat, kwargs: dict[str, Any]) -> str | None:
-    """The model's output for `message`: the rendering after the generation prompt, cut after
-    the end of turn; arguments as an object, else as JSON text (None: neither renders; as
-    derive's probes, an object the template writes as a Python literal wants text). Where
-    the prompt opens reasoning that the template does not write back, the output closes it
-    first (as the model would)."""
+                 turn_format: TurnFormat, kwargs: dict[str, Any]) -> tuple[str, str] | None:
+    """The generation prompt and the model's output for `message`: the rendering after the
+    prompt, cut after the end of turn; arguments as an object, else as JSON text (None:
+    neither renders; as derive's probes, an object the template writes as a Python literal
+    wants text). Where the prompt opens reasoning that the template does not write back, the
+    output closes it first (as the model would)."""
     template = _template(name)
     for as_text in (False, True):
         calls = [{**call, "function": {**call["function"],
@@ -192,14 +193,16 @@ def _render_turn(name: str, tools: list[dict], message: dict[str, Any],
                                and repr(call["function"]["arguments"]) in full
                                for call in calls):
             continue  # an object written as a Python literal: the template wants JSON text
+        close, rest = turn_format.think_close, full[common_prefix(full, prompt):]
         if full.startswith(prompt):
             turn = full[len(prompt):]
-        elif turn_format.reasoning_default and turn_format.think_close:
-            turn = turn_format.think_close + "\n\n" + full[common_prefix(full, prompt):]
+        elif close and prompt.rstrip().endswith(turn_format.think_open or close) \
+                and not rest.lstrip().startswith(close):
+            turn = close + "\n\n" + rest
         else:  # the prompt's tail that the turn lacks is left out
-            turn = full[common_prefix(full, prompt):]
+            turn = rest
         ends = [turn.find(token) + len(token) for token in turn_format.eos if token in turn]
-        return turn[:min(ends)] if ends else turn
+        return prompt, turn[:min(ends)] if ends else turn
     return None
 
 
@@ -235,14 +238,15 @@ def test_template_turns_read_back_through_the_derived_dialect(name: str,
                     values=TEMPLATE_VALUES.get(name, VALUES.get(turn_format.values)))
     tools, message, calls, content, reasoning = data.draw(turns(family))
     kwargs = {**TEMPLATE_KWARGS.get(name, {}), "enable_thinking": reasons}
-    output = _render_turn(name, tools, message, turn_format, kwargs)
-    assert output is not None
+    rendered = _render_turn(name, tools, message, turn_format, kwargs)
+    assert rendered is not None
+    prompt, output = rendered
     # what the template drops (content beside calls, reasoning) the output does not hold
     close = turn_format.think_close
     written = output.split(close)[0] if close and close in output else ""  # the reasoning
     expected = (calls, content if content in output else "",
                 reasoning if reasoning and reasoning in written else "")
-    request = request_for(tools, family)
+    request = ChatRequest(tools=tools, chat_template_kwargs=kwargs, generation_prompt=prompt)
     assert summary(dialect.parse(output, request)) == expected, output
     cuts = data.draw(st.lists(st.integers(0, len(output)), max_size=8))
     assert_stream_matches(dialect, output, cuts, request)
@@ -324,9 +328,11 @@ def test_an_unreadable_call_block_is_content_byte_for_byte(name: str,
     tools = [tool_of(name_, arguments)]
     call = {"id": "call00001", "type": "function",
             "function": {"name": name_, "arguments": arguments}}
-    turn = _render_turn(name, tools, {"role": "assistant", "content": "", "tool_calls": [call]},
-                        turn_format, {**TEMPLATE_KWARGS.get(name, {}), "enable_thinking": False})
-    assert turn is not None
+    rendered = _render_turn(name, tools, {"role": "assistant", "content": "",
+                                          "tool_calls": [call]},
+                            turn_format, {**TEMPLATE_KWARGS.get(name, {}), "enable_thinking": False})
+    assert rendered is not None
+    turn = rendered[1]
     block = turn[turn.index(first_piece(turn_format.open or turn_format.head)):]
     for token in turn_format.eos:  # the block ends where the turn does
         block = block.removesuffix(token)
@@ -371,10 +377,11 @@ EOS_FAMILY = UNKNOWN_FAMILY.replace("<|end|>", "{{ eos_token }}")
 
 
 def test_a_turn_ended_by_eos_token_derives_with_the_tokenizers_tokens() -> None:
-    """Rendered without the tokenizer's tokens, such a template writes no end of turn; with
-    them (what the engine passes: `template_tokens`), its turns end with the eos token."""
+    """Rendered without the tokenizer's tokens, such a template writes no end of turn (the
+    next turn's header is all that ends one); with them (what the engine passes:
+    `template_tokens`), its turns end with the eos token."""
     tokens = {"bos_token": "<s>", "eos_token": "</s>"}
-    assert derive_format(EOS_FAMILY).eos == ()
+    assert derive_format(EOS_FAMILY).eos == ("<|user|>",)  # only the next turn's header
     assert detect_dialect(EOS_FAMILY, tokens) == DERIVED
     dialect = get_dialect(DERIVED, chat_template=EOS_FAMILY,
                           **dialect_options(DERIVED, EOS_FAMILY, tokens))
