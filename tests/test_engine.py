@@ -391,12 +391,13 @@ def test_noise_writes_every_dialects_calls(noise_engine: Engine, dialect: str) -
                                 NOISE_TOOL["function"]["parameters"])
 
 
-# A chat template with tools in a format no dialect speaks (calls as `CALL name(arguments)`).
+# A chat template with tools in a format no dialect speaks and none can be derived for (calls
+# as `name(arguments)`, with no marker before them).
 UNKNOWN_FORMAT_TEMPLATE = (
     "{%- if tools %}<|im_start|>system\nTools: {{ tools | tojson }}. Call one as "
-    "CALL name(arguments).<|im_end|>\n{% endif %}"
+    "name(arguments).<|im_end|>\n{% endif %}"
     "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
-    "{%- for c in m.tool_calls or [] %}CALL {{ c.function.name }}({{ c.function.arguments }})"
+    "{%- for c in m.tool_calls or [] %}{{ c.function.name }}({{ c.function.arguments }})"
     "{%- endfor %}<|im_end|>\n{% endfor %}"
     "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
