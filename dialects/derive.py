@@ -171,10 +171,12 @@ def _first_token(text: str) -> str | None:
 def framing_peg(text: str) -> str:
     """PEG for framing text: tags as special tokens, slots as their patterns, whitespace
     between two tags or after the last one as `ws` (the families' framing whitespace), the
-    rest as literals (`""` when empty)."""
+    rest as literals (`""` when empty). A tag that only introduces a call's id, with the id,
+    is optional (Mistral's `[CALL_ID]`: models leave it out)."""
     parts: list[str] = []
     position = 0
-    pattern = re.compile(_TOKEN.pattern + "|[" + ID_SLOT + INDEX_SLOT + "]")
+    pattern = re.compile("(?:" + _TOKEN.pattern + ")" + ID_SLOT + "|" + _TOKEN.pattern
+                         + "|[" + ID_SLOT + INDEX_SLOT + "]")
     for match in pattern.finditer(text):
         if match.start() > position:
             gap = text[position:match.start()]
@@ -182,7 +184,12 @@ def framing_peg(text: str) -> str:
             between_tags = position > 0 and not gap.strip() and len(gap) <= 4
             parts.append("ws" if between_tags else peg_literal(gap))
         piece = match.group()
-        parts.append(_SLOT_PEG[piece] if piece in _SLOT_PEG else f"token({peg_literal(piece)})")
+        if piece in _SLOT_PEG:
+            parts.append(_SLOT_PEG[piece])
+        elif piece.endswith(ID_SLOT):
+            parts.append(f"(token({peg_literal(piece[:-1])}) {_SLOT_PEG[ID_SLOT]})?")
+        else:
+            parts.append(f"token({peg_literal(piece)})")
         position = match.end()
     rest = text[position:]
     if rest:  # whitespace after a last tag is layout too

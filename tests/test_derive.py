@@ -263,13 +263,9 @@ def test_template_turns_read_back_through_the_derived_dialect(name: str,
 # The families' examples (test_dialect_base's SHAPES as each family writes them, after its
 # reasoning block where it has one) that a derived dialect reads otherwise than the family
 # module, and why: (family, example) -> reason.
-_CALL_ID = ("the template always writes a call's id ([CALL_ID]), so the derived framing needs "
-            "one; the family reads calls without it")
 _THINK_BLOCKS = ("the template writes reasoning from thinking blocks of the content, not from "
                  "reasoning_content, and splits nothing on [/THINK]: no reasoning is derived")
 AGREEMENT_GAPS: dict[tuple[str, str], str] = {
-    **{("mistral-small-3.2", label): _CALL_ID
-       for label in ("one call", "other tool", "text then call", "two calls", "mixed calls")},
     **{("ministral-3-reasoning", f"reasoning, {label}"): _THINK_BLOCKS for label in SHAPES},
     ("functionary-v3.1", "text"): "the template ends a turn with <|eom_id|> after calls only "
                                   "(else <|eot_id|>); the example ends a text with it",
