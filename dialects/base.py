@@ -237,6 +237,26 @@ def _called(bodies: Iterable[Node]) -> set[str]:
     return found
 
 
+_PEG_STRING = r'"(?:[^"\\]|\\.)*"'
+_PEG_PIECE = re.compile(rf"\s*(?:token\(({_PEG_STRING})\)|({_PEG_STRING}))")
+
+
+def _literal_rule(peg: str, rule: str) -> str | None:
+    """The text rule `rule` of `peg` matches, where it is a sequence of literals and special
+    tokens (`token("<|channel>") "thought"`), else None."""
+    found = re.search(rf"^{rule}\s*=(.*)$", peg, re.MULTILINE)
+    if found is None:
+        return None
+    body, position, text = found.group(1).rstrip(), 0, []
+    while position < len(body):
+        piece = _PEG_PIECE.match(body, position)
+        if piece is None:
+            return None
+        text.append(json.loads(piece.group(1) or piece.group(2)))
+        position = piece.end()
+    return "".join(text) or None
+
+
 # --------------------------------------------------------------------------- the dialect base
 def _holds(text: str, marker: str | re.Pattern[str]) -> bool:
     """Whether `text` holds a probe marker (a string as is, a pattern searched)."""
@@ -343,12 +363,44 @@ class Dialect:
         raise NotImplementedError
 
     def reasoning_mode(self, request: ChatRequest | None) -> bool | None:
-        """Reasoning on / off / detected, from the request, else the dialect's option."""
+        """Reasoning on / off / detected: from the request's rendered prompt where it is known
+        (`prompt_reasoning`), else from its switches, else the dialect's option."""
         if not self.reasons:
             return False
         if request is None:
             return self.reasoning
+        if request.generation_prompt is not None:
+            return self.prompt_reasoning(request.generation_prompt, request)
         return request.reasoning_enabled(self.reasoning)
+
+    def reasoning_delimiters(self) -> tuple[str, str] | None:
+        """The text that opens and closes reasoning (None: the dialect does not know it as
+        text; `TurnDialect` reads its `think_open` / `think_close` rules)."""
+        return None
+
+    def prompt_reasoning(self, prompt: str, request: ChatRequest) -> bool | None:
+        """The reasoning mode of a request whose rendered prompt is `prompt`: the prompt is what
+        the model continues, so its tail decides, however the template spells its switches
+        (`enable_thinking`, `reasoning_effort`, `thinking`): an open reasoning block (`<think>\\n`)
+        is on, a closed one (`<think>\\n\\n</think>\\n\\n`) off, neither `unsaid_reasoning`.
+        A dialect that knows no delimiters reads the request's switches."""
+        delimiters = self.reasoning_delimiters()
+        if delimiters is None:
+            return request.reasoning_enabled(self.reasoning)
+        opening, closing = delimiters
+        tail = prompt.rstrip()
+        if closing != opening and tail.endswith(closing):
+            return False
+        if tail.endswith(opening):
+            return True
+        return self.unsaid_reasoning(request)
+
+    def unsaid_reasoning(self, request: ChatRequest) -> bool | None:
+        """The mode where the prompt says nothing of reasoning: off where the request's
+        switches turn it off (the template ignored them: the model is asked not to reason),
+        else the dialect's default. Not "on" for a switch that is on: a prompt that opens no
+        reasoning leaves the model to open it (Kolibri-1 at any `reasoning_effort`)."""
+        return False if request.reasoning_enabled(True) is False else self.reasoning
 
     def grammar(self, request: ChatRequest | None = None) -> Grammar:
         """The strict output grammar for `request` (what the token mask enforces)."""
@@ -446,6 +498,17 @@ class TurnDialect(Dialect):
         "ws   = $ws\n"
         "text = word ([ \\t\\r\\n]+ word)*\n"
     )
+
+    def reasoning_delimiters(self) -> tuple[str, str] | None:
+        """The text of the `think_open` and `think_close` rules, where both are literals or
+        special tokens (Kimi K3's blocks are not: it reads its prompt itself)."""
+        return self._think_delimiters
+
+    @functools.cached_property
+    def _think_delimiters(self) -> tuple[str, str] | None:
+        shared = self.sections()[""]
+        opening, closing = _literal_rule(shared, "think_open"), _literal_rule(shared, "think_close")
+        return None if opening is None or closing is None else (opening, closing)
 
     def grammar_source(self, request: ChatRequest, strict: bool) -> tuple[str, dict[str, Any]]:
         sections = self.sections()

@@ -52,9 +52,9 @@ _NAMES = ("pgfn_one", "pgfn_two")
 _IDS = ("pgcallida", "pgcallidb")  # nine alphanumerics: Mistral's templates check the shape
 _STRINGS = {"pgk_a": "pgv_a", "pgk_b": "pgv_b"}
 _NESTED = {"x": [1, True, None]}
-_NESTED_ARGS = {"pgk_a": "pgv_a", "pgk_n": _NESTED}
+_NESTED_ARGS = {"pgk_a": "pgv_a", "pgk_n": _NESTED, "pgk_z": None}
 _PROPERTIES = {"pgk_a": {"type": "string"}, "pgk_b": {"type": "string"},
-               "pgk_n": {"type": "object"}}
+               "pgk_n": {"type": "object"}}  # (a "null" type sends Hermes 2 Pro's into a loop)
 _TOOLS = [{"type": "function", "function": {
     "name": name, "description": "Probe.",
     "parameters": {"type": "object", "properties": _PROPERTIES, "required": []}}}
@@ -89,7 +89,9 @@ class TurnFormat:
     param_mid: str = ""  # then param_close; parameters joined by param_sep
     param_close: str = ""
     param_sep: str = ""
-    values: str = "json"  # params: how non-string values are written ("json" or "python")
+    # params: how non-string values are written: "json", "python" (`str(value)`), or "mixed"
+    # (nested values as JSON, booleans and null as Python: `True`, `None`)
+    values: str = "json"
     notes: tuple[str, ...] = field(default=())
 
     def describe(self) -> str:
@@ -167,19 +169,32 @@ def _first_token(text: str) -> str | None:
 
 
 def framing_peg(text: str) -> str:
-    """PEG for framing text: tags as special tokens, slots as their patterns, the rest as
-    literals (`""` when empty)."""
+    """PEG for framing text: tags as special tokens, slots as their patterns, whitespace
+    between two tags or after the last one as `ws` (the families' framing whitespace), the
+    rest as literals (`""` when empty). A tag that only introduces a call's id, with the id,
+    is optional (Mistral's `[CALL_ID]`: models leave it out)."""
     parts: list[str] = []
     position = 0
-    pattern = re.compile(_TOKEN.pattern + "|[" + ID_SLOT + INDEX_SLOT + "]")
+    pattern = re.compile("(?:" + _TOKEN.pattern + ")" + ID_SLOT + "|" + _TOKEN.pattern
+                         + "|[" + ID_SLOT + INDEX_SLOT + "]")
     for match in pattern.finditer(text):
         if match.start() > position:
-            parts.append(peg_literal(text[position:match.start()]))
+            gap = text[position:match.start()]
+            # whitespace between two tags is layout, not text: any (bounded when strict)
+            between_tags = position > 0 and not gap.strip() and len(gap) <= 4
+            parts.append("ws" if between_tags else peg_literal(gap))
         piece = match.group()
-        parts.append(_SLOT_PEG[piece] if piece in _SLOT_PEG else f"token({peg_literal(piece)})")
+        if piece in _SLOT_PEG:
+            parts.append(_SLOT_PEG[piece])
+        elif piece.endswith(ID_SLOT):
+            parts.append(f"(token({peg_literal(piece[:-1])}) {_SLOT_PEG[ID_SLOT]})?")
+        else:
+            parts.append(f"token({peg_literal(piece)})")
         position = match.end()
-    if position < len(text):
-        parts.append(peg_literal(text[position:]))
+    rest = text[position:]
+    if rest:  # whitespace after a last tag is layout too
+        parts.append("ws" if position > 0 and not rest.strip() and len(rest) <= 4
+                      else peg_literal(rest))
     return " ".join(parts) or '""'
 
 
@@ -227,10 +242,22 @@ class _Probes:
         self.header = header
         return region[common_prefix(region, header):]
 
+    def end_before_next(self, message: dict[str, Any]) -> str | None:
+        """The token after `message`'s content where a user turn follows it: the end of a
+        turn that a template writes only before another (Hy3's, GLM's next header)."""
+        try:
+            text = self._render([*_HISTORY, message, {"role": "user", "content": "Again?"}],
+                                False)
+        except Exception:  # noqa: BLE001 - a template may fail in any way
+            return None
+        return _first_token(text.split(_CONTENT, 1)[1]) if _CONTENT in text else None
+
     def calls(self, calls: Sequence[tuple[str, dict[str, Any]]]) -> str:
         """The turn of a message holding only `calls`: arguments as an object, else as JSON
         text, content "" else None (templates expect one or the other); "" if none renders
-        the names."""
+        the names. One that writes an object's arguments as a Python literal (Apriel's
+        `{'a': 'b'}`: the template wants JSON text) gives way to the next."""
+        named = ""
         for as_text in (False, True):
             for content in ("", None):
                 message = {"role": "assistant", "content": content, "tool_calls": [
@@ -241,9 +268,12 @@ class _Probes:
                     text = self.turn(message)
                 except Exception:  # noqa: BLE001, S112 - a template may fail in any way
                     continue
-                if all(name in text for name, _ in calls):
+                if not all(name in text for name, _ in calls):
+                    continue
+                if not any(args and repr(args) in text for _, args in calls):
                     return text
-        return ""
+                named = named or text
+        return named
 
 
 # --------------------------------------------------------------------------- derivation
@@ -270,7 +300,8 @@ def _derive(template: str, kwargs: tuple[tuple[str, Any], ...]) -> TurnFormat:
     if before.strip():
         raise DerivationError(f"the template writes {before.strip()!r} before a turn's content")
     # the end of a turn is a special token, whether or not it looks like a tag ("[e~[")
-    end = _first_token(after) or next(iter(after.split()), None)
+    end = _first_token(after) or next(iter(after.split()), None) \
+        or probes.end_before_next({"role": "assistant", "content": _CONTENT})
 
     one = probes.calls([(_NAMES[0], _STRINGS)])
     if not one:
@@ -279,8 +310,8 @@ def _derive(template: str, kwargs: tuple[tuple[str, Any], ...]) -> TurnFormat:
     two = probes.calls([(_NAMES[0], _STRINGS), (_NAMES[1], _STRINGS)])
     if not two:
         raise DerivationError("the template cannot write two calls in one turn")
-    section_one, ends = _section(one, text, after)
-    section_two, _ = _section(two, text, after)
+    section_one, ends = _section(one, text, after, end)
+    section_two, _ = _section(two, text, after, end)
     if section_two.count(_NAMES[0]) != 1 or section_two.count(_NAMES[1]) != 1:
         raise DerivationError("the template writes a call's name more than once")
     eos = tuple(dict.fromkeys(token for token in (end, ends) if token))
@@ -298,7 +329,7 @@ def _derive(template: str, kwargs: tuple[tuple[str, Any], ...]) -> TurnFormat:
     if not empty:
         raise DerivationError("the template cannot write a call without arguments")
     nested = probes.calls([(_NAMES[0], _NESTED_ARGS)])
-    return _params_format(head, tail_one, _section(empty, text, after)[0], nested, common)
+    return _params_format(head, tail_one, _section(empty, text, after, end)[0], nested, common)
 
 
 def _reasoning(probes: _Probes, before: str, after: str
@@ -309,30 +340,73 @@ def _reasoning(probes: _Probes, before: str, after: str
         text = probes.turn({"role": "assistant", "content": _CONTENT,
                             "reasoning_content": _REASON})
     except Exception:  # noqa: BLE001 - a template may fail in any way
-        return None, None, False
+        return _split_reasoning(probes)
     if _REASON not in text or _CONTENT not in text:
-        return None, None, False
+        empty = _EMPTY_BLOCK.fullmatch(before.strip())
+        if empty:  # an empty block before every content (Kimi K2 Thinking's past turns)
+            return empty.group(1), empty.group(3), None
+        return _split_reasoning(probes)
     ahead, behind = text.split(_REASON, 1)
     close = _first_token(behind)
     if close is None:
         raise DerivationError(f"reasoning is not closed by a special token: {behind[:40]!r}")
-    opening = "<" + close[2:] if close.startswith("</") else None
-    prompt_opens = opening is not None and probes.header.rstrip().endswith(opening)
-    if opening is not None and (ahead.rstrip().endswith(opening) or prompt_opens):
-        # opened in the turn (detected) or by the generation prompt (on)
-        return opening, close, True if prompt_opens else None
+    header = probes.header.rstrip()
+    for opening in _openings(close):
+        prompt_opens = header.endswith(opening)
+        if ahead.rstrip().endswith(opening) or prompt_opens:
+            # opened in the turn (detected) or by the generation prompt (on)
+            return opening, close, True if prompt_opens else None
+        if not ahead.strip() and opening in header:
+            # opened where the turn and the prompt agree; the prompt may close it (off)
+            return opening, close, False if header.endswith(close) else None
     if not ahead.strip() and before.lstrip().startswith(close):
         # the turn starts inside reasoning: its opening is the prompt's
-        return opening or close, close, True
+        return next(iter(_openings(close)), close), close, True
     raise DerivationError(f"reasoning is not opened by a counterpart of {close!r}")
 
 
-def _section(turn: str, text: str, after: str) -> tuple[str, str | None]:
+# An empty reasoning block: a tag and its closing counterpart.
+_EMPTY_BLOCK = re.compile(r"(<([^<>/\s]+)>)\s*(</\2>)")
+
+
+def _openings(close: str) -> list[str]:
+    """The tags that may open what `close` closes: `</x>` -> `<x>`; `END` -> `START` or
+    `BEGIN`, `suffix` -> `prefix` (Command A's `<|START_THINKING|>`, Apertus' `<|inner_prefix|>`)."""
+    found = ["<" + close[2:]] if close.startswith("</") else []
+    for end, start in (("END", "START"), ("END", "BEGIN"), ("end", "start"), ("end", "begin"),
+                       ("suffix", "prefix")):
+        if end in close:
+            found.append(close.replace(end, start, 1))
+    return found
+
+
+# A template that drops reasoning from its history cuts it off the content at its closing tag.
+_SPLIT = re.compile(r"""\.split\(\s*(['"])(</[^<>\s'"]+>|\[/[A-Z][A-Z_]*\])\1""")
+
+
+def _split_reasoning(probes: _Probes) -> tuple[str | None, str | None, bool | None]:
+    """Reasoning delimiters of a template that writes no reasoning back (R1, DeepSeek V3.1,
+    Nemotron Super): it splits a past turn's content on the closing tag, and its counterpart
+    opens reasoning, in the generation prompt (on) or the output (detected)."""
+    found = _SPLIT.search(probes.template)
+    if found is None:
+        return None, None, False
+    close = found.group(2)
+    opening = close.replace("/", "", 1)
+    return opening, close, True if probes.header.rstrip().endswith(opening) else None
+
+
+def _section(turn: str, text: str, after: str, eos: str | None) -> tuple[str, str | None]:
     """The calls of a calls-only turn, with the token ending it: the turn without what the
-    content-only turn also writes before its content and at its end."""
+    content-only turn also writes before its content and at its end, and without what
+    follows the end of turn `eos` after the last call (R1's template writes the turn's
+    content after its calls, in an assistant turn of its own)."""
     content_at = text.index(_CONTENT)
     start = min(common_prefix(turn, text), content_at)
     end = len(turn) - min(common_suffix(turn, text), len(after))
+    last_call = max(turn.rfind(name) for name in _NAMES)
+    if eos and start <= last_call and eos in turn[last_call:end]:
+        end = turn.index(eos, last_call)
     section = turn[start:end]
     if not section.strip():
         raise DerivationError("the template writes no calls")
@@ -399,6 +473,8 @@ def _json_format(head: str, tail: str, found: tuple[int, int],
             raise DerivationError(f"a call's JSON object holds keys beside its name and "
                                   f"arguments: {others}")
         name_first = list(obj).index(names[0]) < list(obj).index(arguments[0])
+        if not (common["open"] + head[:match.start()]).strip():
+            raise DerivationError("a turn's calls start with no marker (a bare JSON object)")
         return TurnFormat(arguments="object", head=head[:match.start()],
                           tail=text[obj_end:], keys=(names[0], arguments[0]),
                           name_first=name_first, **common)
@@ -461,20 +537,24 @@ def _empty_tail(empty: str, close: str) -> str:
 
 
 def _value_style(nested: str, param_open: str, param_mid: str, param_close: str) -> str:
-    """How a nested argument's value is written: "json" or "python"."""
-    framed = param_open + "pgk_n" + param_mid
-    at = nested.find(framed)
-    if at < 0:
-        raise DerivationError("parameters are framed differently by their value's type")
-    start = at + len(framed)
-    end = nested.find(param_close.strip(), start)
-    written = nested[start:end].strip() if end >= 0 else ""
-    if written == json.dumps(_NESTED) or written == json.dumps(_NESTED, separators=(",", ":")):
-        return "json"
-    if written == repr(_NESTED):
+    """How a nested argument's value and a null one are written: "json", "python" or "mixed"
+    (Qwen3.5 writes mappings and sequences with `tojson`, other values with `string`)."""
+    def written(key: str) -> str:
+        framed = param_open + key + param_mid
+        at = nested.find(framed)
+        if at < 0:
+            raise DerivationError("parameters are framed differently by their value's type")
+        start = at + len(framed)
+        end = nested.find(param_close.strip(), start)
+        return nested[start:end].strip() if end >= 0 else ""
+
+    value = written("pgk_n")
+    if value == json.dumps(_NESTED) or value == json.dumps(_NESTED, separators=(",", ":")):
+        return "json" if written("pgk_z") == "null" else "mixed"
+    if value == repr(_NESTED):
         return "python"
     raise DerivationError(f"a nested argument is written neither as JSON nor as a Python "
-                          f"literal: {written!r}")
+                          f"literal: {value!r}")
 
 
 # --------------------------------------------------------------------------- the dialect
@@ -502,14 +582,14 @@ class DerivedDialect(TurnDialect):
         self.reasons = turn.think_close is not None
         self.raw_until = turn.param_close.rstrip() if turn.arguments == "params" else None
         self._sections = _sections(turn)
-        opening = _first_piece(turn.open or turn.head)
+        opening = first_piece(turn.open or turn.head)
         self.word_stop = None if _TOKEN.fullmatch(opening) else opening
 
     def sections(self) -> dict[str, str]:
         return self._sections
 
 
-def _first_piece(text: str) -> str:
+def first_piece(text: str) -> str:
     """The token `text` starts with, else its text up to the first token or whitespace."""
     text = text.lstrip()
     match = _TOKEN.match(text)
@@ -522,7 +602,7 @@ def _first_piece(text: str) -> str:
 def _triggered(text: str) -> str:
     """Framing whose first piece is the grammar's trigger."""
     text = text.lstrip()
-    first = _first_piece(text)
+    first = first_piece(text)
     return f"trigger({framing_peg(first)}) {framing_peg(text[len(first):])}"
 
 
@@ -566,16 +646,18 @@ def _sections(turn: TurnFormat) -> dict[str, str]:
         rules.append(f"any_tool    = @name:{_NAME_CHARS} {f(turn.mid)} @arguments:json()")
         per_tool = f"tool_$i = @name:$name {f(turn.mid)} @arguments:json($schema)"
     else:
-        stops = f'{f(_first_piece(turn.param_mid))}, "\\n"'
+        stops = f'{f(first_piece(turn.param_mid))}, "\\n"'
         value_stop = peg_literal(turn.param_close.rstrip())
         param = (f"@param:({f(turn.param_open)} @key:until({stops}) {f(turn.param_mid)} "
                  f"@value:raw {f(turn.param_close)})")
-        rules += [f"any_tool    = @name:{_NAME_CHARS} {f(turn.mid)} any_params",
+        # whitespace after a name before its parameters is layout (GLM 4.6 writes "\n")
+        mid = "ws" if turn.mid and not turn.mid.strip() and len(turn.mid) <= 4 else f(turn.mid)
+        rules += [f"any_tool    = @name:{_NAME_CHARS} {mid} any_params",
                   f"any_params  = (any_param ({f(turn.param_sep)} any_param)*)?",
                   f"any_param   = {param}",
                   f"param_sep   = {f(turn.param_sep)}",
                   f"raw         = until({value_stop})"]
-        per_tool = f"tool_$i = @name:$name {f(turn.mid)} $params"
+        per_tool = f"tool_$i = @name:$name {mid} $params"
         sections["per string parameter"] = (
             f"p_${{i}}_${{j}} = @param:({f(turn.param_open)} @key:$key {f(turn.param_mid)} "
             f"@string:$value {f(turn.param_close)})\n")
@@ -595,10 +677,10 @@ def derive_dialect(template: str, *, reasoning: bool | None = None,
                           reasoning=reasoning)
 
 
-def derives(template: str) -> bool:
-    """Whether a dialect can be derived from `template`."""
+def derives(template: str, **template_kwargs: Any) -> bool:
+    """Whether a dialect can be derived from `template` (rendered with `template_kwargs`)."""
     try:
-        derive_format(template)
+        derive_format(template, **template_kwargs)
     except DerivationError:
         return False
     return True

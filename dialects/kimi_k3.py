@@ -21,6 +21,8 @@ from pegmask.dialects.base import TurnDialect
 from pegmask.dialects.registry import generation_prompt
 from pegmask.dialects.request import ChatRequest
 
+#: what the generation prompt ends with: the think block opened, or the response block
+THINK_BLOCK, RESPONSE_BLOCK = "<|open|>think<|sep|>", "<|open|>response<|sep|>"
 _PROBE_CALL = re.compile(r'<\|open\|>call tool="pegmask_probe" index="1"<\|sep\|>')
 
 
@@ -53,7 +55,13 @@ class KimiK3Dialect(TurnDialect):
         opening = think if reasoning else ""
         return f"root = {opening} {body} msg_end eos?\n", schema
 
+    def prompt_reasoning(self, prompt: str, request: ChatRequest) -> bool | None:
+        """The prompt opens the think block (reasoning) or the response block (none)."""
+        if prompt.endswith(THINK_BLOCK):
+            return True
+        return False if prompt.endswith(RESPONSE_BLOCK) else self.unsaid_reasoning(request)
+
     @classmethod
     def template_options(cls, template: str) -> dict[str, Any]:
         """The generation prompt opens think (reasoning) or response."""
-        return {"reasoning": generation_prompt(template).endswith("<|open|>think<|sep|>")}
+        return {"reasoning": generation_prompt(template).endswith(THINK_BLOCK)}

@@ -272,8 +272,10 @@ class MiniMaxM3Dialect(TurnDialect):
     value_readers = {"m3": read_value}
 
     def reasoning_mode(self, request: Any) -> bool | None:
-        """On for a literal ``enable_thinking: true`` too (the native prompt opens `<mm:think>`)."""
-        if request is not None and "reasoning_effort" not in request.chat_template_kwargs \
+        """On for a literal ``enable_thinking: true`` too (the native prompt opens `<mm:think>`),
+        where the prompt is not known to say so itself."""
+        if request is not None and request.generation_prompt is None \
+                and "reasoning_effort" not in request.chat_template_kwargs \
                 and request.chat_template_kwargs.get("enable_thinking") is True:
             return True
         return super().reasoning_mode(request)

@@ -22,6 +22,7 @@ import functools
 import json
 import logging
 import pkgutil
+from collections.abc import Mapping
 from importlib import import_module
 from typing import Any
 
@@ -97,24 +98,30 @@ def get_dialect(name: str, **options: Any) -> Dialect:
     return cls(**options)
 
 
-def dialect_options(name: str, template: str | None) -> dict[str, Any]:
-    """The options `template` implies for dialect `name` (empty without a template, and for a
-    derived dialect, which reads them off the template itself)."""
-    if name == DERIVED or not template:
+def dialect_options(name: str, template: str | None,
+                    template_tokens: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The options `template` implies for dialect `name` (empty without a template). A derived
+    dialect reads them off the template itself, rendered with the tokenizer's special tokens
+    (`template_tokens`: `eos_token`, `bos_token`, ...; Mistral's templates end a turn with
+    `eos_token`)."""
+    if not template:
         return {}
+    if name == DERIVED:
+        return dict(template_tokens or {})
     return dialect_class(name).template_options(template)
 
 
-def detect_dialect(template: str | None) -> str:
+def detect_dialect(template: str | None, template_tokens: Mapping[str, str] | None = None) -> str:
     """The registered dialect whose calls `template` writes, else "derived" where the template's
-    own renderings give its format, else "unknown" (also for no template): never a guess."""
+    own renderings (with the tokenizer's `template_tokens`, see `dialect_options`) give its
+    format, else "unknown" (also for no template): never a guess."""
     if not template:
         return UNKNOWN
     renderings = probe_renderings(template)
     for name, cls in _families().items():
         if cls.owns_template(template, renderings):
             return name
-    return DERIVED if derives(template) else UNKNOWN
+    return DERIVED if derives(template, **(template_tokens or {})) else UNKNOWN
 
 
 # ------------------------------------------------------------------------------ the probe

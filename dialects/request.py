@@ -25,6 +25,7 @@ Public API (stable; other dialects and the engine build on it)::
     req.response_schema    -> the JSON Schema the answer must follow, or None
     req.response_grammar   -> the same as a grammar node for json(...) (strict mode applied)
     req.reasoning_enabled(default) -> bool | None   (None: detect from the output)
+    req.generation_prompt  -> the rendered prompt, where known (its tail decides reasoning)
 
 Invalid requests raise `RequestError` (a ValueError) at construction.
 """
@@ -61,6 +62,10 @@ class ChatRequest:
     #: `additionalProperties` take no others (xgrammar's strict mode, as vLLM applies it to
     #: tool calls); False: plain JSON Schema, where such objects take any other property
     strict_tool_arguments: bool = True
+    #: the rendered prompt the output continues (None: not known). Where it is known, its tail
+    #: says whether the output starts inside reasoning (`Dialect.prompt_reasoning`), whatever
+    #: switches the template read to write it
+    generation_prompt: str | None = None
 
     def __post_init__(self) -> None:
         # Only None means absent: a falsy value of the wrong type (0, "") is a bad request.

@@ -231,7 +231,9 @@ class Engine:
                                               limits=grammar_limits or GrammarLimits(),
                                               on_compile=self.metrics.grammar_compiled)
         self.chat_template = chat_template or self.backend.chat_template
-        name = detect_dialect(self.chat_template) if dialect == "auto" else dialect
+        # the tokenizer's special tokens: a derived dialect renders its template with them
+        tokens = self.backend.template_tokens()
+        name = detect_dialect(self.chat_template, tokens) if dialect == "auto" else dialect
         self.dialect_name = name
         # An unknown chat format: chats are plain text (no tool calls), not a wrong guess.
         self.dialect: Dialect | None = None
@@ -241,7 +243,7 @@ class Engine:
                            "chats are plain text and tools are refused; pass dialect= to pick "
                            "one", self.backend.name)
         else:
-            options = dialect_options(name, self.chat_template)
+            options = dialect_options(name, self.chat_template, tokens)
             self.dialect = get_dialect(name, chat_template=self.chat_template, **options)
             # The dialect's own prompt format, for tools the model's template does not render.
             if self.dialect.native_renderer and not renders_tools(self.chat_template):
@@ -417,6 +419,9 @@ class Engine:
         if request.is_chat:
             prompt_text, native = self._render(request)
             prompt_ids = self.backend.encode(prompt_text)
+            # the prompt's tail says whether the output starts inside reasoning
+            request = dataclasses.replace(request, chat=dataclasses.replace(
+                request.chat, generation_prompt=prompt_text))
             if not native:
                 prompt_text = None
         else:

@@ -363,19 +363,23 @@ def test_noise_stays_inside_the_grammar(noise_engine: Engine, options: dict) -> 
                                 NOISE_TOOL["function"]["parameters"])
 
 
-@pytest.mark.parametrize("dialect", [name for name in dialect_names() if name != "hermes"])
+# DeepSeek R1's prompt opens <think> whatever a request's switches say, so its output starts
+# inside reasoning, which a noise model never leaves (its sampling is in test_families.py).
+@pytest.mark.parametrize("dialect", [name for name in dialect_names()
+                                     if name not in ("hermes", "deepseek-r1")])
 def test_noise_writes_every_dialects_calls(noise_engine: Engine, dialect: str) -> None:
     """The other dialects on the same model: SmolLM2's vocabulary has none of their special
     tokens, so every tag is spelled, and still each finished call is well-formed and valid.
     One call each (a noise model writes calls until max_tokens when it may write several;
     parallel calls are sampled in test_families.py), 250 tokens (spelled, Kimi K3's framing alone
-    takes about 100)."""
+    takes about 100), reasoning off as each prompt spells it."""
     engine = Engine(model=noise_engine.backend.path, dialect=dialect, dtype="float32")
     results = engine.generate_batch([
         {"messages": [{"role": "user", "content": "Go."}], "max_tokens": 250, "seed": seed,
          "temperature": 1.0, "tools": [NOISE_TOOL], "tool_choice": "required",
          "parallel_tool_calls": False,
-         "chat_template_kwargs": {"reasoning_effort": "none"}} for seed in range(3)])
+         "chat_template_kwargs": {"reasoning_effort": "none", "enable_thinking": False}}
+        for seed in range(3)])
     finished = [result for result in results if result.finish_reason != "length"]
     assert finished, [result.text for result in results]
     for result in finished:
@@ -387,12 +391,13 @@ def test_noise_writes_every_dialects_calls(noise_engine: Engine, dialect: str) -
                                 NOISE_TOOL["function"]["parameters"])
 
 
-# A chat template with tools in a format no dialect speaks (calls as `CALL name(arguments)`).
+# A chat template with tools in a format no dialect speaks and none can be derived for (calls
+# as `name(arguments)`, with no marker before them).
 UNKNOWN_FORMAT_TEMPLATE = (
     "{%- if tools %}<|im_start|>system\nTools: {{ tools | tojson }}. Call one as "
-    "CALL name(arguments).<|im_end|>\n{% endif %}"
+    "name(arguments).<|im_end|>\n{% endif %}"
     "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
-    "{%- for c in m.tool_calls or [] %}CALL {{ c.function.name }}({{ c.function.arguments }})"
+    "{%- for c in m.tool_calls or [] %}{{ c.function.name }}({{ c.function.arguments }})"
     "{%- endfor %}<|im_end|>\n{% endfor %}"
     "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
