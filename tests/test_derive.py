@@ -216,7 +216,10 @@ VALUES = {"python": SIMPLE_VALUES,
 # render), so its tools declare none.
 TEMPLATE_VALUES = {"NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja":
                    JSON_VALUES.filter(lambda value: value is not None)}
+# Derandomized: the same draws every run (CI must not turn red on a new draw; a session that
+# widens derivation should run it with derandomize off to look for new failures).
 ROUND_TRIPS = settings(max_examples=10, deadline=None, phases=[Phase.explicit, Phase.generate],
+                       derandomize=True,
                        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                               HealthCheck.filter_too_much])
 
