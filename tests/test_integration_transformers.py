@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from typing import Any
 
 import jsonschema
 import pytest
@@ -74,6 +75,25 @@ def outputs(backend: ModelBackend, batch: dict,
         end = next((i for i, token in enumerate(row) if token in eos), None)
         rows.append((row[:end], end is not None))
     return rows
+
+def assert_follows(spec: dict, ids: list[int], backend: ModelBackend, vocab: Any) -> None:
+    """A finished output follows its constraint: its schema, pattern or choice, or (a chat
+    spec) it holds tool calls whose arguments follow the weather tool's parameters."""
+    text = backend.tokenizer.decode(ids)
+    if "json_schema" in spec:
+        jsonschema.validate(json.loads(text), spec["json_schema"])
+    elif "regex" in spec:
+        assert re.fullmatch(PHONE, text), text
+    elif "choice" in spec:
+        assert text in ("yes", "no")
+    else:
+        dialect, request = chat_request(spec)
+        calls = dialect.parse(ids, request, vocab, trusted=True)["tool_calls"]
+        assert calls, text
+        for call in calls:
+            jsonschema.validate(json.loads(call["function"]["arguments"]),
+                                WEATHER["function"]["parameters"])
+
 
 
 def test_model_vocabulary_is_the_engines(smollm2: ModelBackend, constraints: Constraints) -> None:
@@ -177,20 +197,7 @@ def test_noise_rows_with_different_grammars_stay_inside_them(
             if spec is None or not ended:
                 continue  # free, or cut off by max_new_tokens
             finished += 1
-            text = smollm2.tokenizer.decode(ids)
-            if "json_schema" in spec:
-                jsonschema.validate(json.loads(text), PERSON)
-            elif "regex" in spec:
-                assert re.fullmatch(PHONE, text), text
-            elif "choice" in spec:
-                assert text in ("yes", "no")
-            else:
-                dialect, request = chat_request(spec)
-                calls = dialect.parse(ids, request, vocab, trusted=True)["tool_calls"]
-                assert calls, text
-                for call in calls:
-                    jsonschema.validate(json.loads(call["function"]["arguments"]),
-                                        WEATHER["function"]["parameters"])
+            assert_follows(spec, ids, smollm2, vocab)
     assert finished >= 4
 
 
@@ -245,20 +252,7 @@ def test_noise_cut_by_any_budget_ends_complete(smollm2: ModelBackend, noise_mode
                                    pad_token_id=pad_id(smollm2))
         for spec, (ids, _) in zip(specs, outputs(smollm2, batch, sequences), strict=True):
             assert len(ids) <= budget
-            text = smollm2.tokenizer.decode(ids)
-            if "json_schema" in spec:
-                jsonschema.validate(json.loads(text), spec["json_schema"])
-            elif "regex" in spec:
-                assert re.fullmatch(PHONE, text), text
-            elif "choice" in spec:
-                assert text in ("yes", "no")
-            else:
-                dialect, request = chat_request(spec)
-                calls = dialect.parse(ids, request, vocab, trusted=True)["tool_calls"]
-                assert calls, text
-                for call in calls:
-                    jsonschema.validate(json.loads(call["function"]["arguments"]),
-                                        WEATHER["function"]["parameters"])
+            assert_follows(spec, ids, smollm2, vocab)
 
 
 class ForceToken(LogitsProcessor):
