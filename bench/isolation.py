@@ -80,6 +80,13 @@ def form_format(objects: int, tag: str = "") -> dict[str, Any]:
                                                    "schema": form_schema(objects, tag)}}
 
 
+def request_tag(number: int) -> str:
+    """The names' prefix of the `number`th compile request: new in every request and run, and
+    of one length, so that the size sizing found fits the compiler's limits in every request
+    (a longer name makes a larger program)."""
+    return f"r{os.getpid() % 10**7:07d}_{number % 10**4:04d}_"
+
+
 # --------------------------------------------------------------------------- the slow grammar
 def compile_seconds(objects: int) -> float | None:
     """What one compile worker spends on the hermes dialect's grammar for `form_format(objects)`
@@ -89,7 +96,7 @@ def compile_seconds(objects: int) -> float | None:
     from pegmask.engine.requests import build_request
 
     chat = build_request([{"role": "user", "content": QUESTION}],
-                         response_format=form_format(objects)).chat
+                         response_format=form_format(objects, request_tag(0))).chat
     grammar = get_dialect("hermes").grammar(chat)
     started = time.perf_counter()
     reply = compile_job(grammar, _special_ids())
@@ -177,7 +184,7 @@ async def compiles_beside(url: str, model: str, objects: int, stop: asyncio.Even
         number = 0
         while not stop.is_set():
             body = {"model": model, "messages": [{"role": "user", "content": QUESTION}],
-                    "response_format": form_format(objects, f"r{os.getpid()}_{number}_"),
+                    "response_format": form_format(objects, request_tag(number)),
                     "max_tokens": 1, "close_on_length": False}
             number += 1
             started = time.perf_counter()

@@ -31,7 +31,9 @@ tree) and this bench's process (/proc/stat's user + nice + system + steal, minus
 stay under 0.1 of a core. At each phase's start the load average is recorded beside an estimate
 of what the bench's own processes add to it (their runnable threads, sampled every second and
 averaged like the kernel's 1-minute figure); more than 1.0 above that estimate also fails (the
-kernel samples every 5 s, so a tighter bound would fail idle machines by chance). A run that
+kernel samples every 5 s, so a tighter bound would fail idle machines by chance). Before each
+phase the bench waits, up to 5 minutes (`--settle-timeout`), for the load average to come within that bound: the
+servers' own start-ups linger in it for minutes. A run that
 fails says NOT PUBLISHABLE at the top of its report and exits 1, unless `--allow-load`.
 
 The first peer is the headline's (run it at its defaults); later peers form a second table, with
@@ -39,7 +41,8 @@ what their command changes against the first's.
 
     pegmask bench serve --compare [--peer NAME=URL[,pid=PID]]... [--peer-command NAME=CMD]...
         [--clients 1,8,32] [--modes unconstrained,constrained] [--max-tokens 128]
-        [--requests 2] [--blocks] [--allow-load] [--out bench/results/serve.md]
+        [--requests 2] [--blocks] [--settle-timeout 300] [--allow-load]
+        [--out bench/results/serve.md]
 """
 
 from __future__ import annotations
@@ -84,6 +87,7 @@ SCHEMAS = {tool["name"]: tool["parameters"] for tool in TOOLS}
 START_LOAD_LIMIT = 0.5  # 1-minute load average before anything starts
 PHASE_LOAD_MARGIN = 1.0  # above the bench's own estimate, at a phase's start
 OTHER_CORES_LIMIT = 0.1  # cores used outside the server and the bench, averaged over a phase
+SETTLE_TIMEOUT_S = 300.0  # longest wait, before a phase, for the load average to come down
 TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -335,9 +339,22 @@ async def drive(url: str, model: str, mode: str, clients: int, requests: int,
     return [sample for samples in per_client for sample in samples], wall
 
 
+def settle(own: OwnLoad, timeout_s: float = SETTLE_TIMEOUT_S) -> None:
+    """Wait until the 1-minute load average is within the margin of the bench's own share.
+    A server's start-up (vLLM's takes a minute of both cores) lingers in that average for
+    minutes after it is paused; without this the first phases would fail the check for work
+    the bench itself did, not for other jobs. Gives up after `timeout_s`: the check then says
+    so."""
+    deadline = time.monotonic() + timeout_s
+    while (os.getloadavg()[0] > own.estimate + PHASE_LOAD_MARGIN
+           and time.monotonic() < deadline):
+        time.sleep(2.0)
+
+
 def run_phase(server: Server, clients: int, mode: str, args: argparse.Namespace,
               own: OwnLoad) -> Phase:
     """One phase, with the machine's CPU split into the server's, the bench's and the rest."""
+    settle(own, args.settle_timeout)
     load_average, own_load = os.getloadavg()[0], own.estimate
     before = (time.perf_counter(), machine_cpu(), server.cpu(), bench_cpu())
     samples, wall = asyncio.run(drive(server.url, server.model, mode, clients, args.requests,
@@ -567,6 +584,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="each server started, measured and stopped in turn (no pausing)")
     parser.add_argument("--ready-timeout", type=float, default=1800.0,
                         help="seconds a started server may take to answer /v1/models")
+    parser.add_argument("--settle-timeout", type=float, default=SETTLE_TIMEOUT_S,
+                        help="longest wait, before each phase, for the load average to come "
+                             "down (seconds; default 300)")
     parser.add_argument("--allow-load", action="store_true",
                         help="exit 0 even when the load check fails (the report still says so)")
     parser.add_argument("--out", type=Path, default=RESULTS / "serve.md")

@@ -14,8 +14,8 @@ are made lazily, during decoding), so nothing left in the parent costs more than
 
 Budgets: a compile that takes more than `timeout_s` of its worker's CPU time (or ten times
 that of wall time) has its worker killed and replaced, and fails with
-`GrammarTooLarge("compile_time")`; CPU time, because workers run at a lower priority than
-the decode loop (a compile gets the cores decoding leaves), and a grammar's verdict should
+`GrammarTooLarge("compile_time")`; CPU time, because workers run in the idle scheduling
+class (a compile gets only the cycles decoding leaves: engine/compile_worker.py), and a grammar's verdict should
 not depend on how busy the server is; one that needs more than `memory_bytes` on top of
 the worker's own (its address space is limited: `RLIMIT_AS`) raises MemoryError there, or one
 whose worker dies, fails with `GrammarTooLarge("compile_memory")`. Either is the request's 400;
@@ -55,7 +55,7 @@ DEFAULT_COMPILE_MEMORY_BYTES = 2 << 30
 # A worker's start (imports, before any grammar) is the server's cost, not a grammar's.
 _START_TIMEOUT_S = 120.0
 # The compile budget is CPU time, so that a grammar's verdict does not depend on the load (a
-# worker yields to decoding: it runs at a lower priority); past this many times the budget
+# worker yields to decoding: it runs in the idle scheduling class); past this many times the budget
 # in wall time, a starved compile ends all the same.
 _WALL_FACTOR = 10
 _POLL_S = 0.05  # how often a waiting request reads its worker's CPU time

@@ -14,11 +14,13 @@ from pathlib import Path
 from pegmask.bench import reporting
 from pegmask.bench.serve_bench import Sample
 from pegmask.bench.serve_compare import (
+    OwnLoad,
     Phase,
     Server,
     _changes,
     parse_peers,
     report,
+    settle,
     verdict,
 )
 from pegmask.cli import main as cli
@@ -46,7 +48,7 @@ def test_serve_bench_smoke(tmp_path: Path) -> None:
 def _compare(tmp_path: Path, *options: str) -> tuple[int, dict, str]:
     out = tmp_path / "serve.md"
     code = cli(["bench", "serve", "--compare", "--clients", "1", "--requests", "1",
-                "--out", str(out), *options])
+                "--settle-timeout", "0", "--out", str(out), *options])
     return code, json.loads(out.with_suffix(".json").read_text()), out.read_text()
 
 
@@ -89,6 +91,28 @@ def test_serve_compare_refuses_a_busy_machine(tmp_path: Path) -> None:
                            "**NOT PUBLISHABLE**")
     assert any("other processes used" in reason for reason in data["reasons"])
     assert "Servers ran one after the other (`--blocks`)" in text
+
+
+def test_serve_compare_waits_for_start_ups_to_leave_the_load_average(monkeypatch) -> None:
+    """Before a phase: until the load average is within the margin of the bench's own share,
+    and no longer than the timeout."""
+    own = OwnLoad()
+    own.estimate = 0.3
+    sleeps: list[float] = []
+    with monkeypatch.context() as patch:
+        loads = iter([2.9, 2.0, 1.4, 1.0, 0.6])
+        patch.setattr("os.getloadavg", lambda: (next(loads), 0.0, 0.0))
+        patch.setattr("time.sleep", sleeps.append)
+        settle(own, timeout_s=60)
+    assert len(sleeps) == 3  # 2.9, 2.0 and 1.4 are more than 1.0 above 0.3
+    sleeps.clear()
+    with monkeypatch.context() as patch:
+        clock = iter([0.0, 10.0, 20.0, 30.0])
+        patch.setattr("os.getloadavg", lambda: (5.0, 0.0, 0.0))
+        patch.setattr("time.sleep", sleeps.append)
+        patch.setattr("time.monotonic", lambda: next(clock))
+        settle(own, timeout_s=30)
+    assert len(sleeps) == 2  # gives up at 30 s
 
 
 def test_serve_compare_verdict_and_tables() -> None:

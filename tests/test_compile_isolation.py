@@ -160,6 +160,19 @@ def test_in_process_compiles_need_no_workers() -> None:
     service.close()
 
 
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="Linux's idle scheduling class")
+def test_workers_run_only_on_cycles_decoding_leaves() -> None:
+    """SCHED_IDLE, not a niceness: a niced worker still preempts the decode loop's threads."""
+    workers = CompileWorkers(smollm2(), 1, timeout_s=None, memory_bytes=None)
+    try:
+        workers.run(get_dialect("hermes").grammar(ChatRequest()))  # the worker is up
+        (pid,) = workers.pids
+        assert os.sched_getscheduler(pid) == os.SCHED_IDLE
+        assert os.sched_getscheduler(0) != os.SCHED_IDLE
+    finally:
+        workers.close()
+
+
 def test_workers_end_with_the_service() -> None:
     workers = CompileWorkers(smollm2(), 2, timeout_s=None, memory_bytes=None)
     pids = workers.pids

@@ -78,7 +78,8 @@ def test_llama_runner_matches_transformers(name: str) -> None:
         torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("sizes", [(1, 5, 16), (17, 1, 3), (2, 40, 16, 1)])
+@pytest.mark.parametrize("sizes", [(1, 5, 16), (17, 1, 3), (2, 40, 16, 1), (1, 1, 3, 1, 2),
+                                   (4, 2), (1, 1)])
 def test_short_and_long_chunks_in_one_step(sizes: tuple[int, ...]) -> None:
     """Chunks up to BATCHED_CHUNK tokens attend in one padded call, longer ones alone: one
     step mixing them (forced tokens beside a prompt chunk) gives transformers' logits."""
