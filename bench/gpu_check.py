@@ -81,6 +81,8 @@ def log(message: str) -> None:
 
 
 def write_json(data: Any, out: Path) -> None:
+    """reporting.write_json's twin, kept here on purpose: `install` runs on the bare device
+    before pegmask is importable (this file must need only the standard library there)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(_finite(data), indent=1, ensure_ascii=False) + "\n",
                    encoding="utf-8")

@@ -159,6 +159,9 @@ class LlamaRunner:
         self._seqs: list[int] = []  # the sequence in each live slot (live slots are a prefix)
         self._slot: dict[int, int] = {}
         self._lengths: list[int] = []
+        # A sequence's saved prefix (`save`, `restore`): its first tokens' keys and values, the
+        # same in every sequence that began with it, so one-token steps read them once for all.
+        self._prefix: dict[int, torch.Tensor] = {}
         self._next = 0
 
     # ----------------------------------------------------------------- sequences
@@ -179,6 +182,8 @@ class LlamaRunner:
         slot, length = self._slot[new], self._lengths[source]
         self._kv[:, :, slot, :, :length] = self._kv[:, :, source, :, :length]
         self._lengths[slot] = length
+        if seq in self._prefix:
+            self._prefix[new] = self._prefix[seq]
         return new
 
     @torch.inference_mode()
@@ -186,6 +191,7 @@ class LlamaRunner:
         slot = self._slot.pop(seq, None)
         if slot is None:
             return
+        self._prefix.pop(seq, None)
         last = len(self._seqs) - 1
         if slot != last:  # the last slot moves into the hole
             length = self._lengths[last]
@@ -203,7 +209,9 @@ class LlamaRunner:
     def save(self, seq: int, length: int) -> torch.Tensor:
         """(layers, 2, kv_heads, length, head_dim): only the tokens, not the slot's room."""
         slot = self._slot[seq]
-        return self._kv[:, :, slot, :, :min(length, self._lengths[slot])].clone()
+        saved = self._kv[:, :, slot, :, :min(length, self._lengths[slot])].clone()
+        self._prefix[seq] = saved  # `seq` began with it too: it decodes as restored ones do
+        return saved
 
     @torch.inference_mode()
     def restore(self, saved: torch.Tensor) -> int:
@@ -212,6 +220,7 @@ class LlamaRunner:
         self._reserve(len(self._seqs), length)
         self._kv[:, :, slot, :, :length] = saved
         self._lengths[slot] = length
+        self._prefix[seq] = saved
         return seq
 
     def _reserve(self, slots: int, time: int) -> None:
@@ -252,7 +261,10 @@ class LlamaRunner:
                                  for p in range(s, s + n)], dtype=torch.long)
         tokens, slot_of_token, position = (t.to(device) for t in (tokens, slot_of_token, position))
         cos, sin = w.cos[position][:, None], w.sin_signed[position][:, None]
-        plan = _AttentionPlan(slots, starts, sizes, len(self._seqs), device)
+        cascade = device.type == "cpu"
+        prefixes = [self._prefix.get(seq) if cascade and len(tokens) == 1 else None
+                    for seq, tokens in chunks]
+        plan = _AttentionPlan(slots, starts, sizes, prefixes, device)
 
         x = F.embedding(tokens, w.embed)
         heads, kv_heads, dim, eps = w.heads, w.kv_heads, w.head_dim, w.eps
@@ -273,7 +285,7 @@ class LlamaRunner:
             cache = self._kv[index]
             cache[:, slot_of_token, :, position] = qkv[:, heads * dim :].view(
                 count, 2, kv_heads, dim)
-            attended = plan.attend(q, cache[0], cache[1], scale)
+            attended = plan.attend(index, q, cache[0], cache[1], scale)
             x = x + layer.out(attended.reshape(count, heads * dim))
             h = F.rms_norm(x, (x.shape[-1],), layer.mlp_norm, eps)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)
@@ -290,39 +302,84 @@ class LlamaRunner:
 BATCHED_CHUNK = 16
 
 
-class _AttentionPlan:
-    """How the packed rows of one forward attend: every short chunk (`BATCHED_CHUNK` tokens at
-    most: decoding rows, with the tokens a grammar forces) in one call over the live slots, the
-    cache read in place, each query padded to the longest of them; each longer chunk (a prompt
-    chunk) in a call of its own. One call per layer for a decoding step whatever the forced
-    tokens: a call per forced chunk made constrained rows cost several times plain ones. Built
-    once per forward, used by every layer."""
+@dataclass
+class _Batch:
+    """One attention call for chunks of at most `BATCHED_CHUNK` tokens, over their own slots
+    (read in place where they are a run of slots, else gathered): each chunk's tokens (packed
+    `rows`) are queries `offsets` of batch entry `entries`, padded to the longest chunk. Query j
+    of an entry sees the cache up to its own position; padding queries see position 0 only (no
+    NaN rows). Slots outside the call are not read: a step's few forced chunks beside rows that
+    attend elsewhere (`_SharedPrefix`) would otherwise read every sequence's cache again."""
 
-    def __init__(self, slots: list[int], starts: list[int], sizes: list[int], live: int,
-                 device: torch.device):
+    rows: torch.Tensor
+    entries: torch.Tensor
+    offsets: torch.Tensor
+    slots: slice | torch.Tensor
+    queries: int
+    time: int
+    mask: torch.Tensor
+
+    @classmethod
+    def of(cls, members: list[int], rows: list[int], slots: list[int], starts: list[int],
+           sizes: list[int], device: torch.device) -> _Batch:
+        member_slots = [slots[i] for i in members]
+        first = min(member_slots)
+        run = sorted(member_slots) == list(range(first, first + len(members)))
+        entry = {i: slots[i] - first if run else k for k, i in enumerate(members)}
+        queries = max(sizes[i] for i in members)
+        last_seen = torch.zeros(len(members), queries, dtype=torch.long)
+        for i in members:
+            last_seen[entry[i], : sizes[i]] = torch.arange(starts[i], starts[i] + sizes[i])
+        time = int(last_seen.max()) + 1
+        mask = (torch.arange(time)[None, None, :] <= last_seen[:, :, None])[:, None]
+
+        def tensor(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.long, device=device)
+
+        return cls(rows=tensor([rows[i] + j for i in members for j in range(sizes[i])]),
+                   entries=tensor([entry[i] for i in members for _ in range(sizes[i])]),
+                   offsets=tensor([j for i in members for j in range(sizes[i])]),
+                   slots=slice(first, first + len(members)) if run else tensor(member_slots),
+                   queries=queries, time=time, mask=mask.to(device))
+
+    def attend(self, q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
+               scale: float, out: torch.Tensor) -> None:
+        width = self.mask.shape[0]
+        query = q.new_zeros((width, q.shape[1], self.queries, q.shape[2]))
+        query[self.entries, :, self.offsets] = q[self.rows]
+        result = F.scaled_dot_product_attention(
+            query, cache_k[:, :, : self.time][self.slots], cache_v[:, :, : self.time][self.slots],
+            attn_mask=self.mask, scale=scale, enable_gqa=True)
+        out[self.rows] = result[self.entries, :, self.offsets]
+
+
+class _AttentionPlan:
+    """How the packed rows of one forward attend, each kind in as few calls as it can: the
+    one-token rows of sequences that began with the same saved prefix together
+    (`_SharedPrefix`); the other one-token rows (decoding) in one `_Batch`; the chunks a grammar
+    forces (a sampled token and the tokens after it, `BATCHED_CHUNK` at most) in another, padded
+    to the longest of them (padding every row to it made one jump-forward cost each row up
+    to 16 queries; a call per forced chunk made constrained rows cost several times plain
+    ones); each longer chunk (a prompt chunk) in a call of its own. Built once per forward,
+    used by every layer."""
+
+    def __init__(self, slots: list[int], starts: list[int], sizes: list[int],
+                 prefixes: list[torch.Tensor | None], device: torch.device):
         rows = [0]
         for size in sizes:
             rows.append(rows[-1] + size)
         self.last_rows = [end - 1 for end in rows[1:]]
-        short = [i for i, size in enumerate(sizes) if size <= BATCHED_CHUNK]
-        self.live = live
-        self.batch_time = 0
-        if short:
-            token_rows = [rows[i] + j for i in short for j in range(sizes[i])]
-            self.batch_rows = torch.tensor(token_rows, dtype=torch.long, device=device)
-            self.batch_slots = torch.tensor([slots[i] for i in short for _ in range(sizes[i])],
-                                            dtype=torch.long, device=device)
-            self.batch_offsets = torch.tensor([j for i in short for j in range(sizes[i])],
-                                              dtype=torch.long, device=device)
-            self.batch_queries = max(sizes[i] for i in short)
-            # Query j of a slot sees the cache up to its own position; padding queries and slots
-            # that append nothing in this call see only position 0 (no NaN rows).
-            last_seen = torch.zeros(live, self.batch_queries, dtype=torch.long)
-            for i in short:
-                last_seen[slots[i], : sizes[i]] = torch.arange(starts[i], starts[i] + sizes[i])
-            self.batch_time = int(last_seen.max()) + 1
-            time = torch.arange(self.batch_time)
-            self.batch_mask = (time[None, None, :] <= last_seen[:, :, None])[:, None].to(device)
+        sharing: dict[int, list[int]] = {}
+        for i, prefix in enumerate(prefixes):
+            if prefix is not None:
+                sharing.setdefault(id(prefix), []).append(i)
+        self.shared = [_SharedPrefix(prefixes[group[0]], [rows[i] for i in group],
+                                     [slots[i] for i in group], [starts[i] for i in group])
+                       for group in sharing.values()]
+        single = [i for i, size in enumerate(sizes) if size == 1 and prefixes[i] is None]
+        forced = [i for i, size in enumerate(sizes) if 1 < size <= BATCHED_CHUNK]
+        self.batches = [_Batch.of(members, rows, slots, starts, sizes, device)
+                        for members in (single, forced) if members]
         self.chunks = []
         for i, size in enumerate(sizes):
             if size > BATCHED_CHUNK:
@@ -331,17 +388,13 @@ class _AttentionPlan:
                 mask = (torch.arange(end)[None, :] <= query).to(device)
                 self.chunks.append((rows[i], rows[i + 1], slots[i], end, mask))
 
-    def attend(self, q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
+    def attend(self, layer: int, q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
                scale: float) -> torch.Tensor:
         out = torch.empty_like(q)
-        if self.batch_time:
-            query = q.new_zeros((self.live, q.shape[1], self.batch_queries, q.shape[2]))
-            query[self.batch_slots, :, self.batch_offsets] = q[self.batch_rows]
-            time = self.batch_time
-            result = F.scaled_dot_product_attention(
-                query, cache_k[: self.live, :, :time], cache_v[: self.live, :, :time],
-                attn_mask=self.batch_mask, scale=scale, enable_gqa=True)
-            out[self.batch_rows] = result[self.batch_slots, :, self.batch_offsets]
+        for shared in self.shared:
+            shared.attend(layer, q, cache_k, cache_v, scale, out)
+        for batch in self.batches:
+            batch.attend(q, cache_k, cache_v, scale, out)
         for first, stop, slot, end, mask in self.chunks:
             query = q[first:stop].transpose(0, 1)[None]
             result = F.scaled_dot_product_attention(
@@ -349,3 +402,53 @@ class _AttentionPlan:
                 attn_mask=mask, scale=scale, enable_gqa=True)
             out[first:stop] = result[0].transpose(0, 1)
         return out
+
+
+class _SharedPrefix:
+    """Cascade attention for the one-token rows of sequences that began with the same saved
+    prefix (a chat server's system prompt and tool definitions, `engine/prefix_cache.py`):
+    all rows' queries attend to the prefix in one call that reads it once, and each row's to
+    its own tokens after it, in its slot; the two parts are merged by their log-sum-exp.
+    Attention on a CPU is bound by reading the cache: read per row, a 256-token tool block made
+    a tool-call row's step cost 3x a plain one's at 32 rows. The query heads that share a
+    key/value head are that head's queries, so neither call repeats keys for grouped-query
+    attention. CPU only (the attention kernel that returns the log-sum-exp is the CPU one)."""
+
+    def __init__(self, prefix: torch.Tensor, rows: list[int], slots: list[int],
+                 starts: list[int]):
+        self.prefix = prefix  # (layers, 2, kv_heads, length, head_dim)
+        self.begin = prefix.shape[-2]
+        self.end = max(starts) + 1
+        self.rows = torch.tensor(rows, dtype=torch.long)
+        first = slots[0]
+        # slots in a run (the usual case: every live sequence shares the prefix) read in place
+        self.slots: slice | torch.Tensor = (
+            slice(first, first + len(slots)) if slots == list(range(first, first + len(slots)))
+            else torch.tensor(slots, dtype=torch.long))
+        # a row's own part: from the prefix's end to its new token (at position `start`)
+        hidden = torch.arange(self.begin, self.end)[None, :] > torch.tensor(starts)[:, None]
+        self.mask = torch.zeros(hidden.shape).masked_fill_(hidden, float("-inf"))[:, None, None]
+
+    def attend(self, layer: int, q: torch.Tensor, cache_k: torch.Tensor,
+               cache_v: torch.Tensor, scale: float, out: torch.Tensor) -> None:
+        rows, (heads, dim), kv_heads = len(self.rows), q.shape[1:], cache_k.shape[1]
+        group = heads // kv_heads
+        query = q[self.rows].view(rows, kv_heads, group, dim)  # query head h: kv head h // group
+        prefix_out, prefix_lse = _flash_attention(
+            query.transpose(0, 1).reshape(1, kv_heads, rows * group, dim),
+            self.prefix[layer, 0][None], self.prefix[layer, 1][None], scale=scale)
+        prefix_out = prefix_out.view(kv_heads, rows, group, dim).transpose(0, 1)
+        prefix_lse = prefix_lse.view(kv_heads, rows, group).transpose(0, 1)
+        own_out, own_lse = _flash_attention(
+            query, cache_k[:, :, self.begin : self.end][self.slots],
+            cache_v[:, :, self.begin : self.end][self.slots], attn_mask=self.mask, scale=scale)
+        top = torch.maximum(prefix_lse, own_lse)
+        prefix_weight = (prefix_lse - top).exp_()[..., None]
+        own_weight = (own_lse - top).exp_()[..., None]
+        merged = (prefix_out * prefix_weight + own_out * own_weight) / (prefix_weight
+                                                                       + own_weight)
+        out[self.rows] = merged.reshape(rows, heads, dim)
+
+
+# (output, log-sum-exp of each query's scores): what merging two parts of attention needs
+_flash_attention = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu

@@ -17,7 +17,7 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from pegmask.engine.llama_runner import LlamaRunner, LlamaWeights, supports
+from pegmask.engine.llama_runner import LlamaRunner, LlamaWeights, _SharedPrefix, supports
 from pegmask.engine.model import load_backend
 from pegmask.engine.runner import TransformersRunner
 
@@ -157,3 +157,37 @@ def test_a_saved_prefix_restores_as_a_sequence_of_its_tokens(name: str) -> None:
     expected = reference.forward([(fresh, [1, 2, 3, 4, 9, 10])])
     torch.testing.assert_close(reference.forward([(rb, [9, 10])]), expected)
     torch.testing.assert_close(runner.forward([(b, [9, 10])]), expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3"])
+def test_one_token_steps_after_a_shared_prefix_match_transformers(name: str,
+                                                                 monkeypatch) -> None:
+    """Sequences that began with one saved prefix (the one it was saved from, two restored,
+    one forked) decode one token at a time beside a sequence without it: the prefix is read
+    once for all of them (cascade attention), and every row's logits stay transformers'."""
+    rows_sharing: list[int] = []
+    attend = _SharedPrefix.attend
+    monkeypatch.setattr(_SharedPrefix, "attend", lambda self, layer, *args: (
+        rows_sharing.append(len(self.rows)) if layer == 0 else None, attend(self, layer, *args)))
+    model = tiny_model(name)
+    runner = LlamaRunner(LlamaWeights(model, fp16_weights=False))
+    reference = TransformersRunner(model, torch.device("cpu"))
+    prompt = [1 + i % 7 for i in range(9)]
+    first, plain = runner.add(), runner.add()
+    runner.forward([(first, prompt), (plain, [2, 4, 6])])
+    saved = runner.save(first, 8)
+    restored = [runner.restore(saved), runner.restore(saved)]
+    runner.forward([(restored[0], [prompt[8], 3]), (restored[1], [prompt[8]])])
+    seqs = [first, plain, *restored, runner.fork(restored[1])]
+    histories = [prompt, [2, 4, 6], [*prompt, 3], prompt, prompt]
+    for step in range(3):
+        tokens = [5 + (step + k) % 4 for k in range(len(seqs))]
+        ours = runner.forward([(seq, [token]) for seq, token in zip(seqs, tokens, strict=True)])
+        for k, token in enumerate(tokens):
+            histories[k] = [*histories[k], token]
+            fresh = reference.add()
+            expected = reference.forward([(fresh, histories[k])])
+            reference.remove(fresh)
+            torch.testing.assert_close(ours[k : k + 1], expected, rtol=1e-4, atol=1e-4)
+    # the prompt's last token of the second restored sequence, then all but the plain one
+    assert rows_sharing == [1, 4, 4, 4]
