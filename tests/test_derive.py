@@ -441,3 +441,21 @@ def test_the_engine_calls_tools_through_a_derived_dialect() -> None:
         assert answer.choices[0].message["tool_calls"] in (None, [])
     finally:
         engine.close()
+
+
+def test_a_template_that_writes_one_call_a_turn_derives_one_call_a_turn() -> None:
+    """Llama 3.1's template raises on two calls: its derived format says so, and its grammar
+    allows one call (a bare JSON object, the whole turn) whatever parallel_tool_calls says;
+    tool_choice still picks the tool, and an answer cannot start like a call."""
+    dialect = _dialect("meta-llama-Llama-3.1-8B-Instruct.jinja")
+    assert not dialect.format.parallel and dialect.format.bare
+    one = '{"name": "get_time", "parameters": {"zone": "JST"}}<|eot_id|>'
+    two = '{"name": "get_time", "parameters": {"zone": "JST"}}' + one
+    grammar = dialect.grammar(ChatRequest(tools=TOOLS, parallel_tool_calls=True))
+    assert grammar.matches(one) and not grammar.matches(two)
+    assert not grammar.matches('{"a": 1} is JSON.')  # an answer starting like a call
+    assert summary(dialect.parse("Sure. " + one)) == ([], "Sure. " + one[:-10], "")
+    named = ChatRequest(tools=TOOLS, tool_choice={"type": "function",
+                                                  "function": {"name": "get_weather"}})
+    assert not dialect.grammar(named).matches(one)
+    assert summary(dialect.parse(one)) == ([("get_time", {"zone": "JST"})], "", "")
