@@ -11,12 +11,21 @@ turn is the text the template writes after the generation prompt; their differen
 
 * the end of the turn (the first token after the content) and the reasoning delimiters;
 * the call section: the text before the first call (`open`), between calls (`sep`) and after
-  the last (`close`), found by diffing one call against two (the calls' text repeats);
+  the last (`close`), found by diffing one call against two (the calls' text repeats); a
+  template that cannot write two calls (Llama 3.1's raises) gets a one-call format
+  (`parallel` False: its grammar allows one call a turn);
 * a call's framing around its name: the text before it (`head`) and after it; in that text, the
-  arguments are a JSON object (after the name, or in one object with the name under two keys),
-  or key/value parameters whose framing (`param_open` KEY `param_mid` VALUE `param_close`) is
-  diffed from a call with two arguments and one with none;
+  arguments are a JSON object (after the name, or in one object with the name, in either order,
+  beside members holding the call's id or index), or key/value parameters whose framing
+  (`param_open` KEY `param_mid` VALUE `param_close`) is diffed from a call with two arguments
+  and one with none; where the framing types the value (DSML's `string="false"`), `json_mid`
+  stands for `param_mid` before values other than strings;
 * call ids (`pgcallida`) and indices (0/1 or 1/2 where the calls differ) the framing holds.
+
+A call that is a bare JSON object (no marker before it: Llama 3's, Phi-4 mini's template) is a
+whole turn: the object's `{` triggers it, and an answer cannot start with one (`calls_alone`).
+Where the history's rendering drops the start of the generation prompt's header (Mistral Nemo
+moves the system message into the last user turn), the turn starts after the header's end.
 
 From the format, `DerivedDialect` writes the `.peg` sections a family module would (the rules
 `TurnDialect` composes), so triggers, tool_choice, parallel calls, reasoning and the closing of
@@ -83,8 +92,9 @@ class TurnFormat:
     arguments: str  # "object" (one JSON object with the name), "json" (after the name), "params"
     tail: str = ""  # a call's framing after its arguments (or its parameters)
     mid: str = ""  # json: between the name and the arguments; params: after the name
-    keys: tuple[str, str] = ("name", "arguments")  # object: the name's and arguments' keys,
-    name_first: bool = True  # object: in this order
+    # object: its members in order, (key, "name" | "arguments" | a fixed value's JSON text,
+    # which holds a slot: Mistral Nemo's `"id": "{id}"`, Command R7B's `"tool_call_id": "{index}"`)
+    members: tuple[tuple[str, str], ...] = (("name", "name"), ("arguments", "arguments"))
     param_open: str = ""  # params: KEY between param_open and param_mid, then the value,
     param_mid: str = ""  # then param_close; parameters joined by param_sep
     param_close: str = ""
@@ -92,7 +102,20 @@ class TurnFormat:
     # params: how non-string values are written: "json", "python" (`str(value)`), or "mixed"
     # (nested values as JSON, booleans and null as Python: `True`, `None`)
     values: str = "json"
+    # params: what stands for param_mid before a value other than a string, where the framing
+    # types values (DSML's `string="false"` where strings have `string="true"`)
+    json_mid: str | None = None
+    # the tokens a turn's content is wrapped in (Command R7B's <|START_RESPONSE|> ...
+    # <|END_RESPONSE|>), None: the content is written as it is
+    content: tuple[str, str] | None = None
+    parallel: bool = True  # False: the template writes at most one call in a turn
     notes: tuple[str, ...] = field(default=())
+
+    @property
+    def bare(self) -> bool:
+        """Whether a turn's calls start with no marker: a bare JSON object (Llama 3's, Phi-4
+        mini's template). Such a turn is an answer or calls, never both."""
+        return self.arguments == "object" and not (self.open + self.head).strip()
 
     def describe(self) -> str:
         """What was derived, one line a part (what `pegmask dialect TEMPLATE` prints)."""
@@ -105,13 +128,14 @@ class TurnFormat:
                  f"reasoning:    {show(self.think_open)} ... {show(self.think_close)}"
                  f" (default: {self.reasoning_default})",
                  f"call section: {show(self.open)} call ({show(self.sep)} call)* "
-                 f"{show(self.close)}"]
+                 f"{show(self.close)}" + ("" if self.parallel else " (one call a turn)")]
+        if self.content is not None:
+            lines.append(f"content:      {show(self.content[0])} CONTENT {show(self.content[1])}")
         if self.arguments == "object":
-            first, second = ("{name}", "{arguments}") if self.name_first else \
-                ("{arguments}", "{name}")
-            keys = self.keys if self.name_first else self.keys[::-1]
-            lines.append(f"call:         {show(self.head)} {{{keys[0]!r}: {first}, "
-                         f"{keys[1]!r}: {second}}} {show(self.tail)}")
+            members = ", ".join(f"{key!r}: " + (f"{{{value}}}" if value in ("name", "arguments")
+                                                  else show(value))
+                                for key, value in self.members)
+            lines.append(f"call:         {show(self.head)} {{{members}}} {show(self.tail)}")
         elif self.arguments == "json":
             lines.append(f"call:         {show(self.head)} NAME {show(self.mid)} "
                          f"JSON-ARGUMENTS {show(self.tail)}")
@@ -120,7 +144,8 @@ class TurnFormat:
                          f"(PARAMETER ({show(self.param_sep)} PARAMETER)*)? {show(self.tail)}")
             lines.append(f"parameter:    {show(self.param_open)} KEY {show(self.param_mid)} "
                          f"VALUE {show(self.param_close)} (values other than strings: "
-                         f"{self.values})")
+                         f"{self.values}" + (f", after {show(self.json_mid)})" if self.json_mid
+                                             else ")"))
         lines += [f"note:         {note}" for note in self.notes]
         return "\n".join(lines)
 
@@ -160,6 +185,20 @@ def common_suffix(a: str, b: str) -> int:
     """Length of the longest common suffix of `a` and `b` that cuts no token of `a`."""
     n = len(os.path.commonprefix([a[::-1], b[::-1]]))
     return len(a) - _snap_start(a, len(a) - n)
+
+
+def header_overlap(turn: str, header: str) -> int:
+    """How much of a rendered `turn` is the generation prompt's turn header: their common
+    prefix, or a longer end of the header holding a token that the turn starts with. (Mistral
+    Nemo's template writes the system message into the last user turn only while it is the last
+    message: after the assistant's, the header's start is missing, `Question?[/INST]` is not.)"""
+    shared = common_prefix(turn, header)
+    for start, _ in _token_spans(header):
+        for begin in range(start + 1):
+            end = header[begin:]
+            if len(end) > shared and turn.startswith(end) and _snap_start(header, begin) == begin:
+                return len(end)
+    return shared
 
 
 def _first_token(text: str) -> str | None:
@@ -240,7 +279,7 @@ class _Probes:
         shared = common_prefix(full, before)
         header, region = prompt[shared:], full[shared:]
         self.header = header
-        return region[common_prefix(region, header):]
+        return region[header_overlap(region, header):]
 
     def end_before_next(self, message: dict[str, Any]) -> str | None:
         """The token after `message`'s content where a user turn follows it: the end of a
@@ -297,7 +336,10 @@ def _derive(template: str, kwargs: tuple[tuple[str, Any], ...]) -> TurnFormat:
     think_open, think_close, default = _reasoning(probes, before, after)
     if think_close is not None:
         before = before.replace(think_close, "").replace(think_open or think_close, "")
-    if before.strip():
+    content = _content_framing(before, after)
+    if content is not None:
+        after = after[after.index(content[1]) + len(content[1]):]
+    elif before.strip():
         raise DerivationError(f"the template writes {before.strip()!r} before a turn's content")
     # the end of a turn is a special token, whether or not it looks like a tag ("[e~[")
     end = _first_token(after) or next(iter(after.split()), None) \
@@ -308,21 +350,22 @@ def _derive(template: str, kwargs: tuple[tuple[str, Any], ...]) -> TurnFormat:
         raise DerivationError("the template writes no tool calls (a call's name is not in its "
                               "rendering)")
     two = probes.calls([(_NAMES[0], _STRINGS), (_NAMES[1], _STRINGS)])
-    if not two:
-        raise DerivationError("the template cannot write two calls in one turn")
     section_one, ends = _section(one, text, after, end)
-    section_two, _ = _section(two, text, after, end)
-    if section_two.count(_NAMES[0]) != 1 or section_two.count(_NAMES[1]) != 1:
-        raise DerivationError("the template writes a call's name more than once")
+    if two:
+        section_two, _ = _section(two, text, after, end)
+        if section_two.count(_NAMES[0]) != 1 or section_two.count(_NAMES[1]) != 1:
+            raise DerivationError("the template writes a call's name more than once")
+        open_, head, tail_one, sep, close = _calls_layout(section_one, section_two)
+    else:
+        open_, head, tail_one, sep, close = _single_call_layout(section_one)
+        notes.append("the template writes one call a turn: parallel calls are off")
     eos = tuple(dict.fromkeys(token for token in (end, ends) if token))
-    layout = _calls_layout(section_one, section_two)
-    open_, head, tail_one, sep, close = layout
     common = {"eos": eos, "think_open": think_open, "think_close": think_close,
               "reasoning_default": default, "open": open_, "sep": sep, "close": close,
-              "notes": tuple(notes)}
+              "parallel": bool(two), "content": content, "notes": tuple(notes)}
     if not (open_ or head).strip():
         raise DerivationError("a turn's calls start with no marker (their name comes first)")
-    found = _find_json(tail_one, _STRINGS)
+    found = _find_json(head + _NAMES[0] + tail_one, _STRINGS)
     if found is not None:
         return _json_format(head, tail_one, found, common)
     empty = probes.calls([(_NAMES[0], {})])
@@ -330,6 +373,15 @@ def _derive(template: str, kwargs: tuple[tuple[str, Any], ...]) -> TurnFormat:
         raise DerivationError("the template cannot write a call without arguments")
     nested = probes.calls([(_NAMES[0], _NESTED_ARGS)])
     return _params_format(head, tail_one, _section(empty, text, after, end)[0], nested, common)
+
+
+def _content_framing(before: str, after: str) -> tuple[str, str] | None:
+    """The tokens a template wraps a turn's content in: one token before the content whose
+    counterpart ends it (Command R7B's `<|START_RESPONSE|>` ... `<|END_RESPONSE|>`)."""
+    opening, closing = before.strip(), _first_token(after)
+    if closing is None or not _TOKEN.fullmatch(opening) or opening not in _openings(closing):
+        return None
+    return opening, closing
 
 
 def _reasoning(probes: _Probes, before: str, after: str
@@ -423,7 +475,7 @@ def _calls_layout(one: str, two: str) -> tuple[str, str, str, str, str]:
     between = two[first + len(_NAMES[0]):second]
     tail = between[:common_prefix(between, after)]
     tail = after[:len(tail)]
-    head_length = common_suffix(before, between)
+    head_length = common_suffix(_masked(before), _masked(between))
     if len(tail) + head_length > len(between):
         head_length = len(between) - len(tail)
     head = before[len(before) - head_length:]
@@ -435,6 +487,24 @@ def _calls_layout(one: str, two: str) -> tuple[str, str, str, str, str]:
     tail_two = two[second + len(_NAMES[1]):len(two) - len(close)]
     slots = [_slots(head, head_two, "before"), _slots(tail, tail_two, "after")]
     return open_, slots[0], slots[1], sep, close
+
+
+def _single_call_layout(one: str) -> tuple[str, str, str, str, str]:
+    """The layout of a template that cannot write two calls in a turn (Llama 3.1's raises
+    an exception): the call section is that one call, `head NAME tail`, with no section
+    framing of its own (one call cannot tell it from the call's)."""
+    at = one.index(_NAMES[0])
+    head, tail = (part.replace(_IDS[0], ID_SLOT) for part in (one[:at], one[at + len(_NAMES[0]):]))
+    return "", head, tail, "", ""
+
+
+def _masked(text: str) -> str:
+    """`text` with the calls' ids and digits masked (lengths kept): what a call's framing
+    shares with the next one's, whose id and index differ (Command R7B's `"tool_call_id": "0"`
+    before the name)."""
+    for call_id in _IDS:
+        text = text.replace(call_id, "\ue002" * len(call_id))
+    return re.sub("[0-9]", "\ue003", text)
 
 
 def _slots(first: str, second: str, where: str) -> str:
@@ -455,10 +525,11 @@ def _slots(first: str, second: str, where: str) -> str:
 
 def _json_format(head: str, tail: str, found: tuple[int, int],
                  common: dict[str, Any]) -> TurnFormat:
-    """A call whose arguments are a JSON object: after the name, or with it in one object."""
+    """A call whose arguments are a JSON object (`found`: where, in the call's text): after
+    the name, or with it in one object, in either order (vLLM's Hermes template writes the
+    arguments first)."""
     text = head + _NAMES[0] + tail
-    args_start, args_end = found[0] + len(head) + len(_NAMES[0]), found[1] + len(head) \
-        + len(_NAMES[0])
+    args_start, args_end = found
     for match in reversed(list(re.finditer(r"\{", head))):
         value = _json_at(text, match.start())
         if value is None or not isinstance(value[0], dict) or value[1] < args_end:
@@ -468,16 +539,16 @@ def _json_format(head: str, tail: str, found: tuple[int, int],
         arguments = [key for key, item in obj.items() if item == _STRINGS]
         if not names or not arguments:
             continue
-        others = sorted(set(obj) - {names[0], arguments[0]})
+        roles = {names[0]: "name", arguments[0]: "arguments"}
+        others = sorted(key for key, item in obj.items() if key not in roles
+                        and not (isinstance(item, str) and _SLOTTED.fullmatch(item)))
         if others:
             raise DerivationError(f"a call's JSON object holds keys beside its name and "
                                   f"arguments: {others}")
-        name_first = list(obj).index(names[0]) < list(obj).index(arguments[0])
-        if not (common["open"] + head[:match.start()]).strip():
-            raise DerivationError("a turn's calls start with no marker (a bare JSON object)")
+        members = tuple((key, roles.get(key) or json.dumps(item, ensure_ascii=False))
+                        for key, item in obj.items())
         return TurnFormat(arguments="object", head=head[:match.start()],
-                          tail=text[obj_end:], keys=(names[0], arguments[0]),
-                          name_first=name_first, **common)
+                          tail=text[obj_end:], members=members, **common)
     if _NAMES[0] in text[args_start:args_end]:
         raise DerivationError("a call's name is a key of its arguments' object")
     if '"' + _NAMES[0] + '"' in text:
@@ -486,6 +557,10 @@ def _json_format(head: str, tail: str, found: tuple[int, int],
     if not mid:
         raise DerivationError("nothing ends a call's name before its arguments")
     return TurnFormat(arguments="json", head=head, mid=mid, tail=text[args_end:], **common)
+
+
+# A member beside a call's name and arguments that the framing fixes: its id or index.
+_SLOTTED = re.compile(f"[{ID_SLOT}{INDEX_SLOT}]")
 
 
 def _params_format(head: str, tail: str, empty: str, nested: str,
@@ -520,12 +595,14 @@ def _params_format(head: str, tail: str, empty: str, nested: str,
         raise DerivationError("the text between two parameters is not one's end and the "
                               "other's start")
     param_sep = between[len(param_close):len(between) - len(param_open)]
-    values = _value_style(nested, param_open, param_mid, param_close)
+    json_mid = _typed_mid(nested, param_open, param_mid)
+    values = _value_style(nested, param_open, json_mid, param_close)
     if not param_close.strip():
         raise DerivationError("nothing ends a parameter's value")
     return TurnFormat(arguments="params", head=head, mid=mid, tail=call_end,
                       param_open=param_open, param_mid=param_mid, param_close=param_close,
-                      param_sep=param_sep, values=values, **common)
+                      param_sep=param_sep, values=values,
+                      json_mid=None if json_mid == param_mid else json_mid, **common)
 
 
 def _empty_tail(empty: str, close: str) -> str:
@@ -534,6 +611,24 @@ def _empty_tail(empty: str, close: str) -> str:
     if not rest.endswith(close):
         raise DerivationError("a call without arguments ends its section differently")
     return rest[:len(rest) - len(close)]
+
+
+def _typed_mid(nested: str, param_open: str, param_mid: str) -> str:
+    """What a nested argument's key and value are parted by: `param_mid`, or other framing
+    that says the value is not a string (DSML's `string="false">`), the same for the nested
+    value and the null one."""
+    if param_open + "pgk_n" + param_mid in nested:
+        return param_mid
+    mids = set()
+    for key, value in (("pgk_n", json.dumps(_NESTED)), ("pgk_z", "null")):
+        at = nested.find(param_open + key)
+        end = nested.find(value, at)
+        if at < 0 or end < 0:
+            raise DerivationError("parameters are framed differently by their value's type")
+        mids.add(nested[at + len(param_open + key):end])
+    if len(mids) != 1 or not next(iter(mids)).strip():
+        raise DerivationError("parameters are framed differently by their value's type")
+    return mids.pop()
 
 
 def _value_style(nested: str, param_open: str, param_mid: str, param_close: str) -> str:
@@ -582,11 +677,25 @@ class DerivedDialect(TurnDialect):
         self.reasons = turn.think_close is not None
         self.raw_until = turn.param_close.rstrip() if turn.arguments == "params" else None
         self._sections = _sections(turn)
+        # a bare JSON call is a whole turn: an answer cannot start like one (Llama 3's)
+        self.calls_alone = turn.bare
+        self.answer_rule = "answer" if turn.bare else "text"
         opening = first_piece(turn.open or turn.head)
-        self.word_stop = None if _TOKEN.fullmatch(opening) else opening
+        self.word_stop = None if turn.bare or _TOKEN.fullmatch(opening) else opening
 
     def sections(self) -> dict[str, str]:
         return self._sections
+
+    def root_rule(self, request: Any, strict: bool) -> tuple[str, Any]:
+        """`TurnDialect`'s, the content wrapped in the format's content tokens (leniently,
+        either may be missing)."""
+        root, schema = super().root_rule(request, strict)
+        if self.format.content is None:
+            return root, schema
+        opening, closing = (f"token({peg_literal(token)})" for token in self.format.content)
+        wrap = (lambda m: f"{opening} {m.group()} {closing}") if strict else \
+            (lambda m: f"({opening} ws)? {m.group()} (ws {closing})?")
+        return re.sub(r"@content:\S+", wrap, root), schema
 
 
 def first_piece(text: str) -> str:
@@ -618,38 +727,55 @@ def _sections(turn: TurnFormat) -> dict[str, str]:
     rules.append(f"eos         = {eos}")
     if turn.open.strip():
         open_, head = _triggered(turn.open), f(turn.head)
+    elif turn.bare:  # the call's object is its own trigger (Llama 3's `{`)
+        open_, head = '""', 'trigger("{") jws'
     else:
         open_, head = '""', _triggered(turn.head)
-    rules += [f"call        = @call:({head} tool {f(turn.tail)})",
+    if turn.arguments == "object" and not turn.bare:
+        head += ' "{" jws'
+    tail = f(turn.tail)
+    if turn.arguments == "object":
+        tail = f'jws "}}" {tail}'
+    many = f"call ({f(turn.sep)} call)*" if turn.parallel else "call"
+    rules += [f"call        = @call:({head} tool {tail})",
               f"calls_one   = {open_} call {f(turn.close)}",
-              f"calls_many  = {open_} call ({f(turn.sep)} call)* {f(turn.close)}",
+              f"calls_many  = {open_} {many} {f(turn.close)}",
               "region      = calls_many",
               "tool        = $tools",
               "jws         = [ \\t\\r\\n]*"]
+    if turn.bare:  # strict: an answer cannot start like a call
+        rules.append("answer      = [^{ \\t\\r\\n] [^ \\t\\r\\n]* ([ \\t\\r\\n]+ word)*")
     per_tool = ""
     sections: dict[str, str] = {}
     if turn.arguments == "object":
-        name_key, args_key = (peg_literal(json.dumps(key)) for key in turn.keys)
-        name = f'{name_key} jws ":" jws @name_json:'
-        args = f'{args_key} jws ":" jws @arguments:'
-        pair = (f"{name}json_string", f"{args}json()")
-        rules += [f'any_tool    = "{{" jws {pair[0]} jws "," jws {pair[1]} jws "}}"'
-                  if turn.name_first else
-                  f'any_tool    = "{{" jws {pair[1]} jws "," jws {pair[0]} jws "}}"',
+        def members(name: str, arguments: str) -> str:
+            """The object's members; an id is optional (models leave it out, as Nemo's)."""
+            values = {"name": f"@name_json:{name}", "arguments": f"@arguments:{arguments}"}
+            text, comma = "", ' jws "," jws '
+            for i, (key, value) in enumerate(turn.members):
+                member = f'{peg_literal(json.dumps(key))} jws ":" jws ' \
+                    f'{values.get(value) or f(value)}'
+                if i == 0 and ID_SLOT in value:  # the comma after it is its own
+                    text += f"({member}{comma})?"
+                    continue
+                lead = comma if i and not (i == 1 and text.endswith(")?")) else ""
+                text += f" ({lead}{member})?" if ID_SLOT in value else lead + member
+            return text
+
+        rules += [f"any_tool    = {members('json_string', 'json()')}",
                   'json_string = "\\"" ([^"\\\\\\x00-\\x1f] | "\\\\" (["\\\\/bfnrt] | "u" '
                   '[0-9a-fA-F]{4}))* "\\""']
-        strict = (f"{name}$name_json", f"{args}json($schema)")
-        if not turn.name_first:
-            strict = strict[::-1]
-        per_tool = f'tool_$i = "{{" jws {strict[0]} jws "," jws {strict[1]} jws "}}"'
+        per_tool = f"tool_$i = {members('$name_json', 'json($schema)')}"
     elif turn.arguments == "json":
         rules.append(f"any_tool    = @name:{_NAME_CHARS} {f(turn.mid)} @arguments:json()")
         per_tool = f"tool_$i = @name:$name {f(turn.mid)} @arguments:json($schema)"
     else:
         stops = f'{f(first_piece(turn.param_mid))}, "\\n"'
         value_stop = peg_literal(turn.param_close.rstrip())
-        param = (f"@param:({f(turn.param_open)} @key:until({stops}) {f(turn.param_mid)} "
-                 f"@value:raw {f(turn.param_close)})")
+        json_mid = turn.json_mid or turn.param_mid
+        value = f"{f(turn.param_mid)} @value:raw" if turn.json_mid is None else \
+            f"({f(turn.param_mid)} @string:raw | {f(json_mid)} @json:raw)"
+        param = f"@param:({f(turn.param_open)} @key:until({stops}) {value} {f(turn.param_close)})"
         # whitespace after a name before its parameters is layout (GLM 4.6 writes "\n")
         mid = "ws" if turn.mid and not turn.mid.strip() and len(turn.mid) <= 4 else f(turn.mid)
         rules += [f"any_tool    = @name:{_NAME_CHARS} {mid} any_params",
@@ -662,7 +788,7 @@ def _sections(turn: TurnFormat) -> dict[str, str]:
             f"p_${{i}}_${{j}} = @param:({f(turn.param_open)} @key:$key {f(turn.param_mid)} "
             f"@string:$value {f(turn.param_close)})\n")
         sections["per json parameter"] = (
-            f"p_${{i}}_${{j}} = @param:({f(turn.param_open)} @key:$key {f(turn.param_mid)} "
+            f"p_${{i}}_${{j}} = @param:({f(turn.param_open)} @key:$key {f(json_mid)} "
             f"@json:json($schema) {f(turn.param_close)})\n")
     shared = "\n".join(rule.replace("$", "$$").replace("$$tools", "$tools") for rule in rules)
     return {"": shared + "\n", "per tool": per_tool + "\n", **sections}
