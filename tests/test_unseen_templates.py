@@ -19,7 +19,7 @@ from test_derive import ROUND_TRIPS, TEMPLATE_VALUES, assert_derived_round_trip
 from test_families import FAMILIES, assert_template_turn_reads_back
 
 from pegmask.bench.data import TEMPLATES_DIR
-from pegmask.dialects import DerivationError, detect_dialect, render_chat_template
+from pegmask.dialects import DerivationError, detect_dialect, get_dialect, render_chat_template
 from pegmask.dialects.derive import derive_format
 
 UNSEEN_DIR = Path(__file__).parent / "data" / "templates_unseen"
@@ -28,6 +28,7 @@ UNSEEN_DIR = Path(__file__).parent / "data" / "templates_unseen"
 DETECTED = {
     "Apriel-1.6-15b-Thinker-fixed.jinja": "apriel",
     "ByteDance-Seed-OSS.antibyte-variant.jinja": "seed-oss",
+    "CohereForAI-c4ai-command-r7b-12-2024-tool_use.ye-NX-variant.jinja": "cohere",
     "Kimi-K2-Thinking.jinja": "kimi",
     "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja": "hermes",
     "Qwen3-Coder.antibyte-variant.jinja": "hermes-xml",
@@ -39,6 +40,7 @@ DETECTED = {
 # release of the family that data/templates holds is (test_families.FAMILIES).
 FAMILY_OF = {
     "Apriel-1.6-15b-Thinker-fixed.jinja": "apriel-1.5",
+    "CohereForAI-c4ai-command-r7b-12-2024-tool_use.ye-NX-variant.jinja": "cohere-command-a",
     "Kimi-K2-Thinking.jinja": "kimi-k2-thinking",
     "google-gemma-4-31B-it-interleaved.jinja": "gemma-4",
 }
@@ -53,11 +55,15 @@ RENDERING = {
     # the interleaved template ends a turn of calls with <turn|> (not <|tool_response>)
     "google-gemma-4-31B-it-interleaved.jinja": {"end": "<turn|>"},
 }
-# Templates that do not read back, and why (the gaps issue 36 allows).
+# Templates that do not read back, and why (the gaps issue 36 allows; each has a test below).
 GAPS = {
     "Kimi-K2-Thinking.jinja": "llama.cpp's adaptation calls list.append, which the sandbox that "
                               "renders templates (as transformers does) refuses: it cannot "
                               "render a turn",
+    "CohereForAI-c4ai-command-r7b-12-2024-tool_use.ye-NX-variant.jinja":
+        "Cohere's own R7B template writes <|START_THINKING|>{tool_plan}<|END_THINKING|> before "
+        "every call block, but its prompt does not open thinking, so the cohere module's "
+        "template options turn reasoning off and read the turn as content",
 }
 # Argument values drawn where the template cannot write every JSON value (test_derive's
 # TEMPLATE_VALUES): Hermes 3's template is Hermes 2 Pro's, which recurses on a "null" type.
@@ -131,10 +137,23 @@ def test_turns_read_back_through_the_family_module(name: str, data: st.DataObjec
     assert_template_turn_reads_back(family, data)
 
 
-def test_the_gaps_are_templates_that_cannot_render_a_call() -> None:
-    """So that a gap that closes (a sandbox that allows it, a fixed template) shows."""
-    call = {"id": "functions.a:0", "type": "function", "function": {"name": "a", "arguments": {}}}
-    for name in GAPS:
-        with pytest.raises(Exception, match="unsafe"):
-            render_chat_template(_template(name), [*PROMPT, {"role": "assistant", "content": "",
-                                                              "tool_calls": [call]}])
+CALL = {"id": "functions.a:0", "type": "function", "function": {"name": "a", "arguments": {}}}
+TURN = {"role": "assistant", "content": "", "tool_calls": [CALL]}
+
+
+def test_kimi_k2_thinkings_adaptation_cannot_render_a_call() -> None:
+    """So that the gap shows when it closes (a sandbox that allows it, a fixed template)."""
+    with pytest.raises(Exception, match="unsafe"):
+        render_chat_template(_template("Kimi-K2-Thinking.jinja"), [*PROMPT, TURN])
+
+
+def test_command_r7b_turns_read_as_content() -> None:
+    """The gap as it stands: the template's turn after its prompt holds the call, and the
+    cohere module configured from the template reads none."""
+    name = "CohereForAI-c4ai-command-r7b-12-2024-tool_use.ye-NX-variant.jinja"
+    template = _template(name)
+    prompt = render_chat_template(template, PROMPT, add_generation_prompt=True)
+    full = render_chat_template(template, [*PROMPT, TURN])
+    assert full.startswith(prompt) and '"tool_name": "a"' in full[len(prompt):]
+    dialect = get_dialect(detect_dialect(template), chat_template=template)
+    assert dialect.parse(full[len(prompt):])["tool_calls"] == []
