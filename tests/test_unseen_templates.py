@@ -19,7 +19,7 @@ from test_derive import ROUND_TRIPS, TEMPLATE_VALUES, assert_derived_round_trip
 from test_families import FAMILIES, assert_template_turn_reads_back
 
 from pegmask.bench.data import TEMPLATES_DIR
-from pegmask.dialects import DerivationError, detect_dialect, get_dialect, render_chat_template
+from pegmask.dialects import DerivationError, detect_dialect, render_chat_template
 from pegmask.dialects.derive import derive_format
 
 UNSEEN_DIR = Path(__file__).parent / "data" / "templates_unseen"
@@ -52,6 +52,9 @@ RENDERING = {
     # 1.5 wants JSON text)
     "Apriel-1.6-15b-Thinker-fixed.jinja": {"turn_start": "\n<|begin_assistant|>\n", "end": "",
                                            "string_arguments": False},
+    # Cohere's own R7B template writes a turn's reasoning from its `tool_plan`
+    "CohereForAI-c4ai-command-r7b-12-2024-tool_use.ye-NX-variant.jinja":
+        {"with_reasoning": lambda message, reasoning: {**message, "tool_plan": reasoning}},
     # the interleaved template ends a turn of calls with <turn|> (not <|tool_response>)
     "google-gemma-4-31B-it-interleaved.jinja": {"end": "<turn|>"},
 }
@@ -60,10 +63,6 @@ GAPS = {
     "Kimi-K2-Thinking.jinja": "llama.cpp's adaptation calls list.append, which the sandbox that "
                               "renders templates (as transformers does) refuses: it cannot "
                               "render a turn",
-    "CohereForAI-c4ai-command-r7b-12-2024-tool_use.ye-NX-variant.jinja":
-        "Cohere's own R7B template writes <|START_THINKING|>{tool_plan}<|END_THINKING|> before "
-        "every call block, but its prompt does not open thinking, so the cohere module's "
-        "template options turn reasoning off and read the turn as content",
 }
 # Argument values drawn where the template cannot write every JSON value (test_derive's
 # TEMPLATE_VALUES): Hermes 3's template is Hermes 2 Pro's, which recurses on a "null" type.
@@ -145,15 +144,3 @@ def test_kimi_k2_thinkings_adaptation_cannot_render_a_call() -> None:
     """So that the gap shows when it closes (a sandbox that allows it, a fixed template)."""
     with pytest.raises(Exception, match="unsafe"):
         render_chat_template(_template("Kimi-K2-Thinking.jinja"), [*PROMPT, TURN])
-
-
-def test_command_r7b_turns_read_as_content() -> None:
-    """The gap as it stands: the template's turn after its prompt holds the call, and the
-    cohere module configured from the template reads none."""
-    name = "CohereForAI-c4ai-command-r7b-12-2024-tool_use.ye-NX-variant.jinja"
-    template = _template(name)
-    prompt = render_chat_template(template, PROMPT, add_generation_prompt=True)
-    full = render_chat_template(template, [*PROMPT, TURN])
-    assert full.startswith(prompt) and '"tool_name": "a"' in full[len(prompt):]
-    dialect = get_dialect(detect_dialect(template), chat_template=template)
-    assert dialect.parse(full[len(prompt):])["tool_calls"] == []
