@@ -3,7 +3,8 @@
 `<|END_ACTION|>`, after `<|START_THINKING|>` reasoning (cohere.peg).
 
 ``reasoning`` defaults to True when the template's generation prompt ends with
-`<|START_THINKING|>` (the output starts in reasoning). The list may be indented as the template
+`<|START_THINKING|>` (the output starts in reasoning), to None (read from the output) when the
+prompt opens none but the template's turns write a thinking block. The list may be indented as the template
 writes it (whitespace up to 32 characters a run under the strict grammar).
 
 Prompts come from the model's template. (xgrammar's "cohere" key is another format, the
@@ -34,5 +35,13 @@ class CohereDialect(TurnDialect):
 
     @classmethod
     def template_options(cls, template: str) -> dict[str, Any]:
-        """A generation prompt ending with `<|START_THINKING|>` opens reasoning."""
-        return {"reasoning": generation_prompt(template).rstrip().endswith("<|START_THINKING|>")}
+        """A generation prompt ending with `<|START_THINKING|>` opens reasoning; one that opens
+        none, of a template whose turns write `<|START_THINKING|>` (Cohere's own R7B template,
+        its `tool_plan` before every action), leaves the model to open it (None: read from the
+        output); else there is none."""
+        prompt = generation_prompt(template).rstrip()
+        if prompt.endswith("<|START_THINKING|>"):
+            return {"reasoning": True}
+        if not prompt.endswith("<|END_THINKING|>") and "<|START_THINKING|>{{" in template:
+            return {"reasoning": None}
+        return {"reasoning": False}

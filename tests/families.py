@@ -115,7 +115,7 @@ class Family:
     """What the shared tests need to know about a family."""
 
     dialect: str
-    template: str  # file in data/templates
+    template: str  # file in `templates_dir`
     vocab: Callable[[], tuple[Vocabulary, Encode]]
     end: str  # what ends an assistant turn in the template's rendering (cut after it)
     calls: Callable[[Sequence[Call]], str]  # calls as the model writes them (one block)
@@ -146,10 +146,11 @@ class Family:
     # the template cannot write past calls in the model's form: the dialect renders the turn
     # (the template, with the calls written into the content as the model writes them)
     dialect_renders: bool = False
+    templates_dir: Path = TEMPLATES_DIR  # (another release's template: the tests' own data)
 
     @property
     def template_text(self) -> str:
-        return (TEMPLATES_DIR / self.template).read_text(encoding="utf-8")
+        return (self.templates_dir / self.template).read_text(encoding="utf-8")
 
     def render(self, parts: Sequence[str], table: dict[str, Call]) -> str:
         """An output body: "text" parts and calls (named in `table`), the calls in one block."""

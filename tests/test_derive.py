@@ -166,14 +166,13 @@ HISTORY = [{"role": "system", "content": "You are helpful."},
            {"role": "user", "content": "Please help."}]
 
 
-def _render_turn(name: str, tools: list[dict], message: dict[str, Any],
+def _render_turn(template: str, tools: list[dict], message: dict[str, Any],
                  turn_format: TurnFormat, kwargs: dict[str, Any]) -> tuple[str, str] | None:
     """The generation prompt and the model's output for `message`: the rendering after the
     prompt, cut after the end of turn; arguments as an object, else as JSON text (None:
     neither renders; as derive's probes, an object the template writes as a Python literal
     wants text). Where the prompt opens reasoning that the template does not write back, the
     output closes it first (as the model would)."""
-    template = _template(name)
     for as_text in (False, True):
         calls = [{**call, "function": {**call["function"],
                                        "arguments": json.dumps(call["function"]["arguments"])
@@ -231,24 +230,33 @@ def test_template_turns_read_back_through_the_derived_dialect(name: str,
     reasoning where the template writes it) as the template renders it parses to its calls,
     content and reasoning, whole and in every chunking, and its tokens are accepted one by one
     by the strict grammar of the request."""
-    dialect = _dialect(name)
+    assert_derived_round_trip(_template(name), TEMPLATE_KWARGS.get(name, {}),
+                              TEMPLATE_VALUES.get(name), data)
+
+
+def assert_derived_round_trip(template: str, template_kwargs: dict[str, Any], values: Any,
+                              data: st.DataObject) -> None:
+    """A random turn rendered by `template` reads back through the dialect derived from it
+    (whole, in chunks, token by token under its strict grammar); `values`: the argument values
+    to draw (default: by how the template writes them, VALUES)."""
+    dialect = derive_dialect(template, **template_kwargs)
     turn_format = dialect.format
     reasons = turn_format.think_close is not None
-    family = Family(DERIVED, name, lambda: (None, None), "", lambda calls: "",
+    family = Family(DERIVED, "", lambda: (None, None), "", lambda calls: "",
                     reasoning=reasons, parallel=turn_format.parallel,
                     # a bare JSON call is the whole turn (Phi-4 mini's template writes the
                     # content or the calls)
                     content_with_calls=not turn_format.bare,
-                    values=TEMPLATE_VALUES.get(name, VALUES.get(turn_format.values)))
+                    values=values if values is not None else VALUES.get(turn_format.values))
     tools, message, calls, content, reasoning = data.draw(turns(family))
-    kwargs = {**TEMPLATE_KWARGS.get(name, {}), "enable_thinking": reasons}
-    rendered = _render_turn(name, tools, message, turn_format, kwargs)
+    kwargs = {**template_kwargs, "enable_thinking": reasons}
+    rendered = _render_turn(template, tools, message, turn_format, kwargs)
     assert rendered is not None
     prompt, output = rendered
     # what the template drops (content beside calls, reasoning) the output does not hold
     close = turn_format.think_close
     written = output.split(close)[0] if close and close in output else ""  # the reasoning
-    without = _render_turn(name, tools, {**message, "content": ""}, turn_format, kwargs)
+    without = _render_turn(template, tools, {**message, "content": ""}, turn_format, kwargs)
     dropped = without is not None and without[1] == output  # (not: the content is in the output)
     expected = (calls, "" if dropped else content,
                 reasoning if reasoning and reasoning in written else "")
@@ -336,7 +344,7 @@ def test_an_unreadable_call_block_is_content_byte_for_byte(name: str,
     tools = [tool_of(name_, arguments)]
     call = {"id": "call00001", "type": "function",
             "function": {"name": name_, "arguments": arguments}}
-    rendered = _render_turn(name, tools, {"role": "assistant", "content": "",
+    rendered = _render_turn(_template(name), tools, {"role": "assistant", "content": "",
                                           "tool_calls": [call]},
                             turn_format, {**TEMPLATE_KWARGS.get(name, {}), "enable_thinking": False})
     assert rendered is not None

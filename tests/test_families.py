@@ -557,7 +557,13 @@ def test_template_turns_read_back(name: str, data: st.DataObject) -> None:
     """The template's (or native renderer's) rendering of a random turn parses to its calls,
     content and reasoning, whole and in chunks, and is accepted token by token by the request's
     strict grammar."""
-    family = READ_BACK[name]
+    assert_template_turn_reads_back(READ_BACK[name], data)
+
+
+def assert_template_turn_reads_back(family: Family, data: st.DataObject) -> None:
+    """A random turn as `family`'s template (or native renderer) writes it reads back through
+    the dialect detected for the template: whole, in chunks, and token by token under the
+    request's strict grammar."""
     tools, message, calls, content, reasoning = data.draw(turns(family))
     output = rendered_turn(family, tools, message)
     request = request_for(tools, family)
