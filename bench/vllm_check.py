@@ -16,7 +16,7 @@ phase by phase at each `--load-budgets` max_tokens: tokens/s, valid answers, ans
 max_tokens, the 1-minute load average (a run that starts above 1.0 is marked not publishable).
 
     python -m pegmask.bench.vllm_check --model-dir DIR --port 8011 [--runner v1|v2|auto]
-        [--load 1,8,32 [--load-budgets 32,128] [--load-requests 8] [--load-only]]
+        [--load 1,8,32 [--load-budgets 16,32,128] [--load-requests 8] [--load-only]]
 """
 
 from __future__ import annotations
@@ -72,7 +72,10 @@ def convert(model_dir: Path) -> None:
 def start_server(model_dir: Path, port: int, runner: str, log: Path, eager: bool = False,
                  structured: bool = True) -> subprocess.Popen:
     """vLLM's OpenAI server with pegmask's plugin; `structured`: pegmask takes over vLLM's
-    structured outputs (PEGMASK_VLLM_STRUCTURED_OUTPUTS=1), else they stay with xgrammar."""
+    structured outputs (PEGMASK_VLLM_STRUCTURED_OUTPUTS=1) and its reasoning parser is on, else
+    they stay with xgrammar and no reasoning parser is named (with one, vLLM holds its
+    structured output until the parser sees the reasoning end, which a SmolLM2 answer never
+    writes: xgrammar would not constrain at all)."""
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="4", HF_HUB_OFFLINE="1")
     if structured:
         env["PEGMASK_VLLM_STRUCTURED_OUTPUTS"] = "1"
@@ -85,7 +88,9 @@ def start_server(model_dir: Path, port: int, runner: str, log: Path, eager: bool
                "--dtype", "bfloat16", "--max-model-len", "2048",
                "--host", "127.0.0.1", "--port", str(port),
                "--enable-auto-tool-choice", "--tool-call-parser", "pegmask-hermes",
-               "--reasoning-parser", "pegmask-hermes", "--logits-processors", PROCESSOR]
+               "--logits-processors", PROCESSOR]
+    if structured:
+        command += ["--reasoning-parser", "pegmask-hermes"]
     if eager:  # no torch.compile warm-up: minutes less to start on a busy 2-core machine
         command.append("--enforce-eager")
     return subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
@@ -396,11 +401,13 @@ def load_report(load: dict[str, Any]) -> list[str]:
     lines = ["## Under load: pegmask's processor against xgrammar (vLLM's default backend)", "",
              "N concurrent requests (at least "
              f"{load['minimum_requests']} a phase), temperature 0.7, one server started without "
-             "`PEGMASK_VLLM_STRUCTURED_OUTPUTS`: pegmask through `vllm_xargs` (tool calls: "
+             "`PEGMASK_VLLM_STRUCTURED_OUTPUTS` and without `--reasoning-parser` (with one, "
+             f"xgrammar waits for a reasoning end SmolLM2 never writes; ready in "
+             f"{load['ready_s']:.0f} s): pegmask through `vllm_xargs` (tool calls: "
              "`tool_choice` required, the pegmask-hermes parser's grammar), xgrammar through a "
              "plain `response_format` json_schema (tool calls: the call-array schema vLLM builds "
-             "for `tool_choice` required, read back from the JSON). JSON: the 6 schemas above "
-             "round-robin; tools: get_weather and get_time. tokens/s: completion tokens over "
+             "for `tool_choice` required, read back from the JSON). JSON: the 6 real-world schemas "
+             "of the checks round-robin; tools: get_weather and get_time. tokens/s: completion tokens over "
              "the phase's wall time; valid: parses and validates (tool calls: a declared tool, "
              "arguments valid under its schema); cut: finish_reason length and invalid. The two "
              "sides of a row run back to back, alternating which goes first; load: the 1-minute "
@@ -417,7 +424,7 @@ def load_report(load: dict[str, Any]) -> list[str]:
             f"{ours['tokens_per_s']} | {theirs['tokens_per_s']} | {ratio:.2f}x | "
             f"{ours['valid']}/{ours['requests']} | {theirs['valid']}/{theirs['requests']} | "
             f"{ours['length']} / {ours['cut']} | {theirs['length']} / {theirs['cut']} | "
-            f"{ours['shortest']} / {theirs['shortest']} | "
+            f"{ours['shortest'] or '-'} / {theirs['shortest'] or '-'} | "
             f"{ours['load_1min']} / {theirs['load_1min']} |")
     return lines
 
@@ -427,8 +434,7 @@ def report(results: dict[str, Any]) -> str:
              f"Measured {results['date']} by `bash scripts/vllm_check.sh` on this 2-core CPU "
              f"machine (vllm-cpu {results['vllm']}, torch {results['torch']}), model: the "
              "embedded SmolLM2-135M-Instruct converted to bf16. Server flags: "
-             "`--tool-call-parser pegmask-hermes --reasoning-parser pegmask-hermes "
-             f"--logits-processors {PROCESSOR}`"
+             f"`--tool-call-parser pegmask-hermes --logits-processors {PROCESSOR}`"
              f"{' --enforce-eager' if results['eager'] else ''}."]
     if "tools" in results:
         lines += ["", *checks_report(results)]
@@ -439,8 +445,8 @@ def report(results: dict[str, Any]) -> str:
 
 def checks_report(results: dict[str, Any]) -> list[str]:
     """The sections of the one-at-a-time checks."""
-    lines = [f"Checks (server under `PEGMASK_VLLM_STRUCTURED_OUTPUTS=1`, ready in "
-             f"{results['ready_s']:.0f} s):", "",
+    lines = ["Checks (server with `--reasoning-parser pegmask-hermes`, under "
+             f"`PEGMASK_VLLM_STRUCTURED_OUTPUTS=1`, ready in {results['ready_s']:.0f} s):", "",
              "## Tool calls (pegmask's Hermes grammar and parser; tools get_weather and "
              "get_time, half the requests streamed)", "",
              "| tool_choice | requests | calls parsed | valid get_weather calls | tokens/s |",
@@ -494,7 +500,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--load", type=numbers, metavar="N,N,...",
                         help="also the load table at these concurrencies (e.g. 1,8,32), on a "
                         "second server whose structured outputs stay with xgrammar")
-    parser.add_argument("--load-budgets", type=numbers, default=[32, 128], metavar="T,T,...",
+    parser.add_argument("--load-budgets", type=numbers, default=[16, 32, 128],
+                        metavar="T,T,...",
                         help="max_tokens of the load phases")
     parser.add_argument("--load-requests", type=int, default=8,
                         help="requests a load phase sends at least (N where N is more)")
