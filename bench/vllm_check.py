@@ -283,6 +283,27 @@ def call_array_schema() -> dict[str, Any]:
     return get_json_schema_from_tools("required", tools, parallel_tool_calls=False)
 
 
+def fewest_tokens(model_dir: Path) -> dict[str, list[int | None]]:
+    """Per load kind, the fewest tokens pegmask's grammar takes to complete each request (JSON:
+    one figure per schema, round-robin as the requests; tools: one): from that max_tokens on,
+    the processor can close every answer within its budget."""
+    from transformers import AutoTokenizer
+
+    from pegmask.dialects import dialect_options
+    from pegmask.grammars.vocab import Vocabulary
+    from pegmask.integrations.constraints import Constraints
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    width = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    constraints = Constraints(Vocabulary.from_hf(tokenizer, width))
+    # The constraint PegmaskToolParser.tool_spec asks for on these requests.
+    tools = {"dialect": "hermes", "tools": [WEATHER, TIME], "tool_choice": "required",
+             "parallel_tool_calls": False, **dialect_options("hermes", tokenizer.chat_template)}
+    return {"json": [constraints.matcher({"json_schema": load_schema(i), "strict": True})
+                     .completion_token_count() for i in range(len(SCHEMAS))],
+            "tools": [constraints.matcher(tools).completion_token_count()]}
+
+
 def load_request(kind: str, side: str, index: int, budget: int,
                  array_schema: dict[str, Any]) -> dict[str, Any]:
     """The create() options of load request `index`: the same prompt and seed on both sides;
@@ -368,9 +389,10 @@ async def load_phase(client: Any, kind: str, side: str, concurrency: int, reques
 
 
 async def load_checks(base_url: str, concurrencies: list[int], budgets: list[int],
-                      minimum: int) -> list[dict[str, Any]]:
+                      minimum: int, fewest: dict[str, list[int | None]]) -> list[dict[str, Any]]:
     """One row per (N, kind, max_tokens): both sides, phases alternating which goes first so
-    both see the same machine state."""
+    both see the same machine state; `fewest` (`fewest_tokens`) gives the row's "fewest": the
+    most, over its requests, of the tokens pegmask's grammar needs to complete."""
     import openai
 
     client = openai.AsyncOpenAI(base_url=base_url, api_key="none", timeout=1800,
@@ -381,11 +403,14 @@ async def load_checks(base_url: str, concurrencies: list[int], budgets: list[int
         for kind in LOAD_KINDS:
             for budget in budgets:
                 order = LOAD_SIDES if len(rows) % 2 == 0 else LOAD_SIDES[::-1]
+                requests = max(concurrency, minimum)
+                figures = [fewest[kind][i % len(fewest[kind])] for i in range(requests)]
                 row: dict[str, Any] = {"concurrency": concurrency, "kind": kind,
-                                       "max_tokens": budget}
+                                       "max_tokens": budget,
+                                       "fewest": None if None in figures else max(figures)}
                 for side in order:
-                    row[side] = await load_phase(client, kind, side, concurrency,
-                                                 max(concurrency, minimum), budget, array_schema)
+                    row[side] = await load_phase(client, kind, side, concurrency, requests,
+                                                 budget, array_schema)
                     print(f"load N={concurrency} {kind} max_tokens={budget} {side}: "
                           f"{row[side]}", flush=True)
                 rows.append(row)
@@ -409,18 +434,21 @@ def load_report(load: dict[str, Any]) -> list[str]:
              "for `tool_choice` required, read back from the JSON). JSON: the 6 real-world schemas "
              "of the checks round-robin; tools: get_weather and get_time. tokens/s: completion tokens over "
              "the phase's wall time; valid: parses and validates (tool calls: a declared tool, "
-             "arguments valid under its schema); cut: finish_reason length and invalid. The two "
+             "arguments valid under its schema); cut: finish_reason length and invalid; fewest: the most, over "
+             "a row's requests, of the tokens pegmask's grammar needs to complete (from that "
+             "max_tokens on, its answers can all close within the budget). The two "
              "sides of a row run back to back, alternating which goes first; load: the 1-minute "
              f"load average at the start of each side's phase.{verdict}", "",
-             "| N | kind | max_tokens | pegmask tokens/s | xgrammar tokens/s | ratio | "
+             "| N | kind | max_tokens | fewest | pegmask tokens/s | xgrammar tokens/s | ratio | "
              "pegmask valid | xgrammar valid | pegmask length / cut | xgrammar length / cut | "
              "shortest completion (pegmask / xgrammar) | load (pegmask / xgrammar) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in load["rows"]:
         ours, theirs = row["pegmask"], row["xgrammar"]
         ratio = ours["tokens_per_s"] / theirs["tokens_per_s"] if theirs["tokens_per_s"] else 0
         lines.append(
             f"| {row['concurrency']} | {row['kind']} | {row['max_tokens']} | "
+            f"{row['fewest'] if row['fewest'] is not None else '-'} | "
             f"{ours['tokens_per_s']} | {theirs['tokens_per_s']} | {ratio:.2f}x | "
             f"{ours['valid']}/{ours['requests']} | {theirs['valid']}/{theirs['requests']} | "
             f"{ours['length']} / {ours['cut']} | {theirs['length']} / {theirs['cut']} | "
@@ -540,7 +568,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             ready = wait_ready(server, args.port, args.ready_timeout)
             rows = asyncio.run(load_checks(base_url, args.load, args.load_budgets,
-                                           args.load_requests))
+                                           args.load_requests, fewest_tokens(args.model_dir)))
         finally:
             stop(server)
         results["load"] = {"start_load": round(start_load, 2),

@@ -66,13 +66,13 @@ def phase(tokens_per_s: float, valid: int, length: int, cut: int) -> dict[str, A
 
 @pytest.mark.parametrize("start_load", [0.3, 1.7])
 def test_load_report_rows_ratio_and_verdict(start_load: float) -> None:
-    rows = [{"concurrency": 8, "kind": "json", "max_tokens": 32,
+    rows = [{"concurrency": 8, "kind": "json", "max_tokens": 32, "fewest": 24,
              "pegmask": phase(95.0, 8, 3, 0), "xgrammar": phase(100.0, 5, 3, 3)}]
     load = {"start_load": start_load, "publishable": start_load <= 1.0, "ready_s": 60.0,
             "minimum_requests": 8, "rows": rows}
     lines = load_report(load)
     table = [line for line in lines if line.startswith("| 8 |")]
-    assert table == ["| 8 | json | 32 | 95.0 | 100.0 | 0.95x | 8/8 | 5/8 | 3 / 0 | 3 / 3 | "
+    assert table == ["| 8 | json | 32 | 24 | 95.0 | 100.0 | 0.95x | 8/8 | 5/8 | 3 / 0 | 3 / 3 | "
                      "20 / 20 | 0.4 / 0.4 |"]
     header = next(line for line in lines if line.startswith("| N |"))
     assert header.count("|") == table[0].count("|")
