@@ -4,7 +4,8 @@
 # pegmask, converts the embedded SmolLM2 to a Hugging Face folder, runs the vLLM-marked tests,
 # then starts vLLM's OpenAI server on 127.0.0.1 with pegmask's parsers and logits processor and
 # drives it with the openai client. Results: bench/results/vllm.md (+ .json, server log).
-#   bash scripts/vllm_check.sh [--runner v1|v2|auto] [--port N] [--eager]
+#   bash scripts/vllm_check.sh [--runner v1|v2|auto] [--port N] [--eager] [--load 1,8,32]
+# (--load: also the load table, pegmask's processor against xgrammar; see bench/vllm_check.py)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VLLM_VENV:-.venv-vllm}
