@@ -40,7 +40,6 @@ DETECTED = {
 # release of the family that data/templates holds is (test_families.FAMILIES).
 FAMILY_OF = {
     "Apriel-1.6-15b-Thinker-fixed.jinja": "apriel-1.5",
-    "CohereForAI-c4ai-command-r7b-12-2024-tool_use.ye-NX-variant.jinja": "cohere-command-a",
     "Kimi-K2-Thinking.jinja": "kimi-k2-thinking",
     "google-gemma-4-31B-it-interleaved.jinja": "gemma-4",
 }
@@ -52,9 +51,6 @@ RENDERING = {
     # 1.5 wants JSON text)
     "Apriel-1.6-15b-Thinker-fixed.jinja": {"turn_start": "\n<|begin_assistant|>\n", "end": "",
                                            "string_arguments": False},
-    # Cohere's own R7B template writes a turn's reasoning from its `tool_plan`
-    "CohereForAI-c4ai-command-r7b-12-2024-tool_use.ye-NX-variant.jinja":
-        {"with_reasoning": lambda message, reasoning: {**message, "tool_plan": reasoning}},
     # the interleaved template ends a turn of calls with <turn|> (not <|tool_response>)
     "google-gemma-4-31B-it-interleaved.jinja": {"end": "<turn|>"},
 }
