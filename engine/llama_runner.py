@@ -10,11 +10,13 @@ without copying every row, and on CPUs the products it issues (float32, one per 
   (float32 activations and accumulation; weights rounded to float16, which a GGUF checkpoint's
   4-bit blocks lose nothing to in practice), 3-5x faster than float32 at 1-32 rows;
 * every token of every sequence in a step is one row of the same products (a prompt chunk of
-  one sequence next to the sampled and forced tokens of each other sequence); attention is one
-  call for every sequence that appends a few tokens (`BATCHED_CHUNK`), one per prompt chunk;
+  one sequence next to the sampled and forced tokens of each other sequence); attention reads
+  each cache once a step (`_AttentionPlan`): a saved prompt prefix shared by sequences once for
+  all of them (cascade attention), one-token rows in one call, forced chunks in another, one
+  call per prompt chunk;
 * the KV cache is one tensor per layer with a slot per sequence, `(slots, kv_heads, time,
   head_dim)`; a sequence that leaves gives its slot to the last one, so the live slots are
-  always a prefix and one-token attention reads the cache in place.
+  always a prefix and attention reads runs of slots in place.
 """
 
 from __future__ import annotations
