@@ -31,9 +31,10 @@ tree) and this bench's process (/proc/stat's user + nice + system + steal, minus
 stay under 0.1 of a core. At each phase's start the load average is recorded beside an estimate
 of what the bench's own processes add to it (their runnable threads, sampled every second and
 averaged like the kernel's 1-minute figure); more than 1.0 above that estimate also fails (the
-kernel samples every 5 s, so a tighter bound would fail idle machines by chance). Before each
-phase the bench waits, up to 5 minutes (`--settle-timeout`), for the load average to come within that bound: the
-servers' own start-ups linger in it for minutes. A run that
+kernel samples every 5 s, so a tighter bound would fail idle machines by chance). Before the
+first server starts and before each phase the bench waits, up to 5 minutes each
+(`--settle-timeout`), for the load average to come within its bound: a job that has just ended
+and the servers' own start-ups linger in it for minutes. A run that
 fails says NOT PUBLISHABLE at the top of its report and exits 1, unless `--allow-load`.
 
 The first peer is the headline's (run it at its defaults); later peers form a second table, with
@@ -59,6 +60,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -339,22 +341,21 @@ async def drive(url: str, model: str, mode: str, clients: int, requests: int,
     return [sample for samples in per_client for sample in samples], wall
 
 
-def settle(own: OwnLoad, timeout_s: float = SETTLE_TIMEOUT_S) -> None:
-    """Wait until the 1-minute load average is within the margin of the bench's own share.
-    A server's start-up (vLLM's takes a minute of both cores) lingers in that average for
-    minutes after it is paused; without this the first phases would fail the check for work
-    the bench itself did, not for other jobs. Gives up after `timeout_s`: the check then says
-    so."""
+def settle(bound: Callable[[], float], timeout_s: float = SETTLE_TIMEOUT_S) -> None:
+    """Wait until the 1-minute load average is at most `bound()`: before the first server
+    starts, the start limit; before each phase, the bench's own share plus the margin. A
+    server's start-up (vLLM's takes a minute of both cores), or a job that has just ended,
+    lingers in that average for minutes; without this the check would fail a run for work that
+    was over, not for other jobs. Gives up after `timeout_s`: the check then says so."""
     deadline = time.monotonic() + timeout_s
-    while (os.getloadavg()[0] > own.estimate + PHASE_LOAD_MARGIN
-           and time.monotonic() < deadline):
+    while os.getloadavg()[0] > bound() and time.monotonic() < deadline:
         time.sleep(2.0)
 
 
 def run_phase(server: Server, clients: int, mode: str, args: argparse.Namespace,
               own: OwnLoad) -> Phase:
     """One phase, with the machine's CPU split into the server's, the bench's and the rest."""
-    settle(own, args.settle_timeout)
+    settle(lambda: own.estimate + PHASE_LOAD_MARGIN, args.settle_timeout)
     load_average, own_load = os.getloadavg()[0], own.estimate
     before = (time.perf_counter(), machine_cpu(), server.cpu(), bench_cpu())
     samples, wall = asyncio.run(drive(server.url, server.model, mode, clients, args.requests,
@@ -605,6 +606,7 @@ def main(argv: list[str] | None = None) -> int:
     servers = [pegmask, *peers]
     plan = [(c, m) for c in clients for m in modes]
 
+    settle(lambda: START_LOAD_LIMIT, args.settle_timeout)
     start_load = os.getloadavg()[0]
     own = OwnLoad()
     own.start()

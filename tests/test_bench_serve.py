@@ -14,7 +14,6 @@ from pathlib import Path
 from pegmask.bench import reporting
 from pegmask.bench.serve_bench import Sample
 from pegmask.bench.serve_compare import (
-    OwnLoad,
     Phase,
     Server,
     _changes,
@@ -94,24 +93,22 @@ def test_serve_compare_refuses_a_busy_machine(tmp_path: Path) -> None:
 
 
 def test_serve_compare_waits_for_start_ups_to_leave_the_load_average(monkeypatch) -> None:
-    """Before a phase: until the load average is within the margin of the bench's own share,
-    and no longer than the timeout."""
-    own = OwnLoad()
-    own.estimate = 0.3
+    """Before the first server and before each phase: until the load average is within its
+    bound, and no longer than the timeout."""
     sleeps: list[float] = []
     with monkeypatch.context() as patch:
         loads = iter([2.9, 2.0, 1.4, 1.0, 0.6])
         patch.setattr("os.getloadavg", lambda: (next(loads), 0.0, 0.0))
         patch.setattr("time.sleep", sleeps.append)
-        settle(own, timeout_s=60)
-    assert len(sleeps) == 3  # 2.9, 2.0 and 1.4 are more than 1.0 above 0.3
+        settle(lambda: 1.3, timeout_s=60)
+    assert len(sleeps) == 3  # 2.9, 2.0 and 1.4 are above 1.3
     sleeps.clear()
     with monkeypatch.context() as patch:
         clock = iter([0.0, 10.0, 20.0, 30.0])
         patch.setattr("os.getloadavg", lambda: (5.0, 0.0, 0.0))
         patch.setattr("time.sleep", sleeps.append)
         patch.setattr("time.monotonic", lambda: next(clock))
-        settle(own, timeout_s=30)
+        settle(lambda: 1.3, timeout_s=30)
     assert len(sleeps) == 2  # gives up at 30 s
 
 
