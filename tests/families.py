@@ -129,6 +129,8 @@ class Family:
     json_values: bool = True  # argument values of any JSON type (else strings and integers)
     # a call's id from its index and name (default: nine alphanumerics, as Mistral wants)
     call_id: Callable[[int, str], str] = lambda i, name: f"call{i:05d}"
+    # how the template wants the turn's reasoning (default: the reasoning_content field)
+    with_reasoning: Callable[[dict[str, Any], str], dict[str, Any]] | None = None
     string_arguments: bool = False  # the template wants arguments as JSON text
     # where the turn starts in the rendering, for templates whose generation prompt differs from
     # how they write the turn's start (R1's prompt ends "<think>\n", its history never does)
@@ -241,7 +243,9 @@ def turns(draw: Any, family: Family) -> tuple[list[dict], dict[str, Any], list[C
                       "arguments": json.dumps(arguments, ensure_ascii=False)
                       if family.string_arguments else arguments}}
         for i, (name, arguments) in enumerate(calls)]}
-    if reasoning:
+    if reasoning and family.with_reasoning is not None:
+        message = family.with_reasoning(message, reasoning)
+    elif reasoning:
         message["reasoning_content"] = reasoning
     return [tool_of(name, arguments, family.typed_schemas) for name, arguments in calls], \
         message, calls, content, reasoning
