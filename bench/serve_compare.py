@@ -82,14 +82,14 @@ from pegmask.bench.serve_bench import (
     stream_once,
     wait_ready,
 )
-from pegmask.bench.vllm_check import valid
+from pegmask.bench.vllm_check import calls_valid
 
 MODE_NAMES = {"unconstrained": "plain text", "constrained": 'tool call, `tool_choice="required"`'}
-SCHEMAS = {tool["name"]: tool["parameters"] for tool in TOOLS}
+CHAT_TOOLS = [{"type": "function", "function": tool} for tool in TOOLS]
 START_LOAD_LIMIT = 0.5  # 1-minute load average before anything starts
 PHASE_LOAD_MARGIN = 1.0  # above the bench's own estimate, at a phase's start
 OTHER_CORES_LIMIT = 0.1  # cores used outside the server and the bench, averaged over a phase
-SETTLE_TIMEOUT_S = 300.0  # longest wait, before a phase, for the load average to come down
+SETTLE_TIMEOUT_S = 300.0  # longest wait for the load average to come down (start, each phase)
 TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -313,9 +313,8 @@ class Phase:
 
 def request_valid(sample: Sample) -> bool:
     """At least one call, and every call names a tool and has arguments valid for it."""
-    return bool(sample.names) and all(
-        name in SCHEMAS and valid(arguments, SCHEMAS[name])
-        for name, arguments in zip(sample.names, sample.arguments, strict=True))
+    return calls_valid([{"name": name, "arguments": arguments} for name, arguments
+                        in zip(sample.names, sample.arguments, strict=True)], CHAT_TOOLS)
 
 
 async def drive(url: str, model: str, mode: str, clients: int, requests: int,
@@ -586,8 +585,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ready-timeout", type=float, default=1800.0,
                         help="seconds a started server may take to answer /v1/models")
     parser.add_argument("--settle-timeout", type=float, default=SETTLE_TIMEOUT_S,
-                        help="longest wait, before each phase, for the load average to come "
-                             "down (seconds; default 300)")
+                        help="longest wait, before the first server starts and before each "
+                             "phase, for the load average to come down (seconds; default 300)")
     parser.add_argument("--allow-load", action="store_true",
                         help="exit 0 even when the load check fails (the report still says so)")
     parser.add_argument("--out", type=Path, default=RESULTS / "serve.md")

@@ -307,8 +307,8 @@ BATCHED_CHUNK = 16
 @dataclass
 class _Batch:
     """One attention call for chunks of at most `BATCHED_CHUNK` tokens, over their own slots
-    (read in place where they are a run of slots, else gathered): each chunk's tokens (packed
-    `rows`) are queries `offsets` of batch entry `entries`, padded to the longest chunk. Query j
+    in slot order (`_slots_read`): each chunk's tokens (packed `rows`) are queries `offsets` of
+    batch entry `entries`, padded to the longest chunk. Query j
     of an entry sees the cache up to its own position; padding queries see position 0 only (no
     NaN rows). Slots outside the call are not read: a step's few forced chunks beside rows that
     attend elsewhere (`_SharedPrefix`) would otherwise read every sequence's cache again."""
@@ -324,14 +324,11 @@ class _Batch:
     @classmethod
     def of(cls, members: list[int], rows: list[int], slots: list[int], starts: list[int],
            sizes: list[int], device: torch.device) -> _Batch:
-        member_slots = [slots[i] for i in members]
-        first = min(member_slots)
-        run = sorted(member_slots) == list(range(first, first + len(members)))
-        entry = {i: slots[i] - first if run else k for k, i in enumerate(members)}
+        members = sorted(members, key=slots.__getitem__)  # a run of slots reads in place
         queries = max(sizes[i] for i in members)
         last_seen = torch.zeros(len(members), queries, dtype=torch.long)
-        for i in members:
-            last_seen[entry[i], : sizes[i]] = torch.arange(starts[i], starts[i] + sizes[i])
+        for k, i in enumerate(members):
+            last_seen[k, : sizes[i]] = torch.arange(starts[i], starts[i] + sizes[i])
         time = int(last_seen.max()) + 1
         mask = (torch.arange(time)[None, None, :] <= last_seen[:, :, None])[:, None]
 
@@ -339,9 +336,9 @@ class _Batch:
             return torch.tensor(values, dtype=torch.long, device=device)
 
         return cls(rows=tensor([rows[i] + j for i in members for j in range(sizes[i])]),
-                   entries=tensor([entry[i] for i in members for _ in range(sizes[i])]),
+                   entries=tensor([k for k, i in enumerate(members) for _ in range(sizes[i])]),
                    offsets=tensor([j for i in members for j in range(sizes[i])]),
-                   slots=slice(first, first + len(members)) if run else tensor(member_slots),
+                   slots=_slots_read([slots[i] for i in members], device),
                    queries=queries, time=time, mask=mask.to(device))
 
     def attend(self, q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
@@ -353,6 +350,16 @@ class _Batch:
             query, cache_k[:, :, : self.time][self.slots], cache_v[:, :, : self.time][self.slots],
             attn_mask=self.mask, scale=scale, enable_gqa=True)
         out[self.rows] = result[self.entries, :, self.offsets]
+
+
+def _slots_read(slots: list[int], device: torch.device) -> slice | torch.Tensor:
+    """How a call reads the cache of `slots`, its k-th batch entry from the k-th: a slice where
+    they are a run in order (read in place; the usual case, the live slots being a prefix),
+    else an index (gathered)."""
+    first = slots[0]
+    if slots == list(range(first, first + len(slots))):
+        return slice(first, first + len(slots))
+    return torch.tensor(slots, dtype=torch.long, device=device)
 
 
 class _AttentionPlan:
@@ -422,11 +429,7 @@ class _SharedPrefix:
         self.begin = prefix.shape[-2]
         self.end = max(starts) + 1
         self.rows = torch.tensor(rows, dtype=torch.long)
-        first = slots[0]
-        # slots in a run (the usual case: every live sequence shares the prefix) read in place
-        self.slots: slice | torch.Tensor = (
-            slice(first, first + len(slots)) if slots == list(range(first, first + len(slots)))
-            else torch.tensor(slots, dtype=torch.long))
+        self.slots = _slots_read(slots, torch.device("cpu"))
         # a row's own part: from the prefix's end to its new token (at position `start`)
         hidden = torch.arange(self.begin, self.end)[None, :] > torch.tensor(starts)[:, None]
         self.mask = torch.zeros(hidden.shape).masked_fill_(hidden, float("-inf"))[:, None, None]
