@@ -12,6 +12,7 @@ parser reads it as a whole output.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from pegmask.dialects import ChatRequest, Dialect
@@ -26,6 +27,26 @@ def rest_dialect(dialect: Dialect) -> Dialect:
     """The dialect that reads what follows the leading reasoning: the same, reasoning off (a
     request then must not turn it back on: parse with one that has no chat_template_kwargs)."""
     return dialect_named(dialect.name, False)
+
+
+def inside_reasoning(dialect: Dialect, text: str, request: ChatRequest | None = None
+                     ) -> bool | None:
+    """Whether the model continues `text` (a rendered prompt, maybe with output after it)
+    inside reasoning. The last of the dialect's reasoning markers decides, as vLLM's own
+    reasoning parsers read ids (an opening one: inside; a closing one: out); where `text` holds
+    neither, the mode `request` gets with `text` as its generation prompt
+    (`Dialect.reasoning_mode`). None where that leaves it to the output (a detected mode)."""
+    if not dialect.reasons:
+        return False
+    delimiters = dialect.reasoning_delimiters()
+    if delimiters is not None:
+        opening, closing = delimiters
+        opened = text.rfind(opening)
+        closed = text.rfind(closing) if closing != opening else -1
+        if opened >= 0 or closed >= 0:
+            return opened > closed
+    return dialect.reasoning_mode(
+        dataclasses.replace(request or ChatRequest(), generation_prompt=text))
 
 
 class _Start:

@@ -6,6 +6,7 @@ each request's `max_tokens`."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -92,14 +93,17 @@ def test_reasoning_then_call_whole_and_streamed() -> None:
     assert (reasoning, content) == ("The user wants weather.", "Sure.")
     assert [c.name for c in calls] == ["get_weather"]
 
+    # Streamed after a prompt whose template opened the reasoning block itself: the output
+    # starts inside it (vLLM hands the parser the prompt, which says so).
     parser = composed()
-    ids = smollm2_tokenizer().encode(output, add_special_tokens=False)
-    prompt = smollm2_tokenizer().apply_chat_template(
-        [{"role": "user", "content": "Weather in Paris?"}], add_generation_prompt=True)
+    opening = "<think>\n"
+    ids = smollm2_tokenizer().encode(output[len(opening):], add_special_tokens=False)
+    prompt = smollm2_tokenizer().encode(
+        generation_prompt() + opening, add_special_tokens=False)
     pieces = {"reasoning": "", "content": "", "calls": {}}
     for i, token in enumerate(ids):
         text = smollm2_tokenizer().decode([token])
-        delta = parser.parse_delta(text, [token], req, prompt_token_ids=prompt["input_ids"],
+        delta = parser.parse_delta(text, [token], req, prompt_token_ids=prompt,
                                    finished=i == len(ids) - 1)
         if delta is None:
             continue
@@ -115,19 +119,70 @@ def test_reasoning_then_call_whole_and_streamed() -> None:
         ("get_weather", {"city": "Paris"})]
 
 
-def test_reasoning_end_is_found_in_outputs_not_prompts() -> None:
-    parser = composed().reasoning_parser
-    encode = smollm2_tokenizer().encode
-    prompt = smollm2_tokenizer().apply_chat_template(
+def generation_prompt() -> str:
+    """SmolLM2's rendered prompt for one question (its template writes no `<think>`)."""
+    return smollm2_tokenizer().apply_chat_template(
         [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
         tokenize=False, add_generation_prompt=True)
-    assert not parser.is_reasoning_end(encode(prompt, add_special_tokens=False))
-    thinking = encode("<think>\nstill going", add_special_tokens=False)
-    assert not parser.is_reasoning_end(thinking)
+
+
+def reasoning_parser(template_reasons: bool = False):
+    """A pegmask-hermes reasoning parser on SmolLM2's tokenizer; `template_reasons`: with a
+    chat template that mentions `<think>` (without opening it), so the prompt leaves reasoning
+    to the model."""
+    plugin.register()
+    tokenizer = smollm2_tokenizer()
+    if template_reasons:
+        tokenizer = copy.copy(tokenizer)
+        tokenizer.chat_template = tokenizer.chat_template + "{# the model may open <think> #}"
+    return ReasoningParserManager.get_reasoning_parser("pegmask-hermes")(tokenizer)
+
+
+def test_reasoning_end_read_from_the_tail_of_prompt_and_output() -> None:
+    """vLLM's structured-output gate asks with the prompt's ids, then with prompt + output ids
+    (`StructuredOutputManager._get_constraint_bounds`): constraining starts where it says True."""
+    parser = reasoning_parser()
+    encode = smollm2_tokenizer().encode
+
+    def ended(text: str) -> bool:
+        return parser.is_reasoning_end(encode(text, add_special_tokens=False))
+
+    prompt = generation_prompt()
+    assert ended(prompt)  # SmolLM2's template does not reason: constrained from the start
+    assert ended(prompt + "<think>\n\n</think>\n\n")  # the template closed an empty block
+    opened = prompt + "<think>\n"  # the template opened the block itself
+    assert not ended(opened)
+    assert not ended(opened + "still going")
+    assert ended(opened + "ok\n</think>\n\nHello")
+    assert not ended(opened + "ok\n</think>\n\nHello<think>\nagain")
+
+    # The gate's walk over a prompt that opened the block: True from the close marker on.
+    output = encode("ok, done\n</think>\n\n{}", add_special_tokens=False)
+    start = encode(opened, add_special_tokens=False)
+    flips = [i for i in range(len(output) + 1)
+             if parser.is_reasoning_end_streaming(start + output[:i], output[:i][-1:])]
+    close = smollm2_tokenizer().decode(output[:flips[0]])
+    assert close.endswith("</think>") and flips == list(range(flips[0], len(output) + 1))
+
+    # Bare outputs (no prompt) still read as before.
     done = encode("<think>\nok\n</think>\n\nHello there", add_special_tokens=False)
     assert parser.is_reasoning_end(done)
     content = parser.extract_content_ids(done)
     assert smollm2_tokenizer().decode(content).strip().startswith("Hello")
+
+
+def test_a_prompt_that_names_no_marker_leaves_reasoning_to_the_output() -> None:
+    """A template that knows `<think>` but did not open it: the model may open it, so a prompt
+    has not ended reasoning (as vLLM's own parsers); switched off, it has."""
+    parser = reasoning_parser(template_reasons=True)
+    encode = smollm2_tokenizer().encode
+    prompt = generation_prompt()
+    assert not parser.is_reasoning_end(encode(prompt, add_special_tokens=False))
+    assert parser.is_reasoning_end(encode(prompt + "<think>\n\n</think>\n\n",
+                                          add_special_tokens=False))
+    off = ReasoningParserManager.get_reasoning_parser("pegmask-hermes")(
+        parser.model_tokenizer, chat_template_kwargs={"enable_thinking": False})
+    assert off.is_reasoning_end(encode(prompt, add_special_tokens=False))
 
 
 def test_adjust_request_asks_for_the_dialect_grammar() -> None:

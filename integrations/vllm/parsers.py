@@ -20,6 +20,7 @@ that grammar, not by vLLM's JSON mode (`supports_required_and_named = False`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
@@ -45,7 +46,7 @@ from pegmask.dialects import (
 )
 from pegmask.grammars import ParseError
 from pegmask.integrations.constraints import dialect_named
-from pegmask.integrations.dialect_output import ReasoningSplit
+from pegmask.integrations.dialect_output import ReasoningSplit, inside_reasoning
 from pegmask.integrations.vllm import parser_class_name
 
 XARGS_KEY = "pegmask"
@@ -160,6 +161,11 @@ class PegmaskReasoningParser(ReasoningParser):
         self.request = ChatRequest(chat_template_kwargs=dict(
             kwargs.get("chat_template_kwargs") or {}))
         self.dialect = dialect_named(self.dialect_name)
+        # The dialect as the model's chat template has it (Hermes without `<think>` in its
+        # template does not reason): what a prompt that names no reasoning marker means.
+        template = getattr(self.model_tokenizer, "chat_template", None)
+        self.template_dialect = dialect_named(
+            self.dialect_name, dialect_options(self.dialect_name, template).get("reasoning"))
         self._split = ReasoningSplit(self.dialect, self.request)
         self._handed = 0  # characters of the rest already handed to the tool phase
 
@@ -167,6 +173,14 @@ class PegmaskReasoningParser(ReasoningParser):
         if hasattr(request, "skip_special_tokens"):
             request.skip_special_tokens = False  # the reasoning tags are special tokens
         return request
+
+    def adjust_initial_state_from_prompt(self, prompt_token_ids: Sequence[int]) -> None:
+        """A stream's rendered prompt (vLLM hands it where `is_reasoning_end` found the prompt
+        still inside reasoning): its tail says how the output starts (`generation_prompt`).
+        `extract_reasoning` of a whole output gets no prompt: it reads the request's switches."""
+        prompt = self.model_tokenizer.decode(list(prompt_token_ids), skip_special_tokens=False)
+        self.request = dataclasses.replace(self.request, generation_prompt=prompt)
+        self._split = ReasoningSplit(self.dialect, self.request)
 
     def extract_reasoning(self, model_output: str, request: Any) -> tuple[str | None, str | None]:
         split = ReasoningSplit(self.dialect, self.request)
@@ -200,10 +214,18 @@ class PegmaskReasoningParser(ReasoningParser):
         return DeltaMessage(content=rest) if rest else None
 
     def is_reasoning_end(self, input_ids: Sequence[int]) -> bool:
-        """Whether an output (token ids) has left its leading reasoning. Ids that do not parse
-        as an output (a prompt) have not: the split then finds the end in the output itself,
-        right away where the output has no reasoning."""
-        split, text = self._split_ids(input_ids)
+        """Whether ids have left the leading reasoning. vLLM's structured-output gate hands the
+        prompt's ids, then prompt + output ids, and constrains from where this turns True. As
+        vLLM's own parsers, the ids' tail decides (`inside_reasoning`: the last reasoning
+        marker, else the prompt's state under the model's template: ended where it does not
+        reason or closed an empty block). Where that leaves it to the output (a detected mode,
+        or a dialect without textual markers), the ids are read as an output: a prompt has
+        not ended, an output without reasoning has at once."""
+        text = self.model_tokenizer.decode(list(input_ids), skip_special_tokens=False)
+        inside = inside_reasoning(self.template_dialect, text, self.request)
+        if inside is not None:
+            return not inside
+        split = self._split_text(text)
         if not split.ended:
             return False
         try:
@@ -230,9 +252,12 @@ class PegmaskReasoningParser(ReasoningParser):
 
     def _split_ids(self, input_ids: Sequence[int]) -> tuple[ReasoningSplit, str]:
         text = self.model_tokenizer.decode(list(input_ids), skip_special_tokens=False)
+        return self._split_text(text), text
+
+    def _split_text(self, text: str) -> ReasoningSplit:
         split = ReasoningSplit(self.dialect, self.request)
         split.feed(text)
-        return split, text
+        return split
 
 
 def _tools(request: Any) -> list[dict[str, Any]]:
