@@ -10,11 +10,12 @@ import pytest
 from grammar_sampling import sample_symbols
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from vocabularies import smollm2_tokenizer
 
 from pegmask.dialects import ChatRequest, dialect_names
 from pegmask.grammars.program import SPECIAL_BASE
 from pegmask.integrations.constraints import dialect_named
-from pegmask.integrations.dialect_output import ReasoningSplit, rest_dialect
+from pegmask.integrations.dialect_output import ReasoningSplit, inside_reasoning, rest_dialect
 
 TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {
     "type": "object", "properties": {"q": {"type": "string"}, "n": {"type": "integer"}},
@@ -129,3 +130,34 @@ def test_split_points_are_where_the_rest_starts_a_turn() -> None:
     assert (reasoning, ended, rest) == ("a\nb", True, "<|channel|>final<|message|>Hi<|return|>")
     assert split("hermes", "<think>cut off", [3]) == ("cut off", True, "")
     assert split("hermes", "Just text", []) == ("", True, "Just text")
+
+
+def smollm2_prompt() -> str:
+    """SmolLM2's real rendered prompt for one question (its template writes no `<think>`)."""
+    return smollm2_tokenizer().apply_chat_template(
+        [{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True)
+
+
+@pytest.mark.parametrize(("tail", "inside"), [
+    ("<think>\n", True),  # the template opened the block itself
+    ("<think>\n\n</think>\n\n", False),  # it closed an empty one
+    ("<think>\nhmm", True),  # output inside the opened block
+    ("<think>\nhmm\n</think>\n\nAnswer", False),  # output past its close
+    ("<think>\na\n</think>\n\nb<think>\nc", True),  # the last marker decides
+])
+def test_the_last_reasoning_marker_decides(tail: str, inside: bool) -> None:
+    for reasoning in (None, False, True):
+        dialect = dialect_named("hermes", reasoning)
+        assert inside_reasoning(dialect, smollm2_prompt() + tail) is inside
+
+
+def test_without_a_marker_the_prompt_state_decides() -> None:
+    prompt = smollm2_prompt()
+    assert inside_reasoning(dialect_named("hermes", False), prompt) is False
+    assert inside_reasoning(dialect_named("hermes", True), prompt) is True
+    assert inside_reasoning(dialect_named("hermes"), prompt) is None  # left to the output
+    off = ChatRequest(chat_template_kwargs={"enable_thinking": False})
+    assert inside_reasoning(dialect_named("hermes", True), prompt, off) is False
+    # a dialect that does not reason has no reasoning to be inside, whatever the text says
+    assert not any(inside_reasoning(dialect_named(name), prompt + "<think>\n") is not False
+                   for name in dialect_names() if not dialect_named(name).reasons)
