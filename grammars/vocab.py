@@ -143,6 +143,17 @@ class Vocabulary:
             return f"<unused {token_id}>"
         return data.decode("utf-8", errors="backslashreplace")
 
+    def text_of(self, token_ids: Iterable[int]) -> str:
+        """The text a run of ids writes: special tokens spelled, bytes joined and decoded as
+        UTF-8 (invalid bytes replaced, unused ids skipped); e.g. a rendered prompt's ids."""
+        pieces: list[bytes] = []
+        for token_id in token_ids:
+            if token_id in self.special_names:
+                pieces.append(self.special_names[token_id].encode("utf-8"))
+            elif 0 <= token_id < self.size and self.token_bytes[token_id] is not None:
+                pieces.append(self.token_bytes[token_id])
+        return b"".join(pieces).decode("utf-8", errors="replace")
+
     def token_id(self, token: TokenRef) -> int:
         """The id of a token given by id or special spelling (KeyError if unknown)."""
         if isinstance(token, str):

@@ -16,7 +16,9 @@ The first five are the engine's structured-output formats (`grammar_for_format`)
 a dialect's whole-turn grammar for a chat request (`Dialect.grammar(ChatRequest(...))`): free
 text and reasoning until the dialect's trigger, then tool calls under the tools' schemas, as
 `tool_choice` and `parallel_tool_calls` allow. `reasoning` is the dialect's reasoning option
-(True, False, or None: detected from the output). The same compiled grammars and matchers as
+(True, False, or None: detected from the output); where the host hands the rendered prompt
+(`Constraints.compiled(..., prompt_ids)`), the prompt's tail decides whether the output starts
+inside reasoning (`ChatRequest.generation_prompt`), whatever switches the template read. The same compiled grammars and matchers as
 the engine's are used; `Constraints` keeps them per vocabulary.
 
 Closing within the budget (`fill_within_budget`): as pegmask's engine does (`close_on_length`),
@@ -28,7 +30,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -84,13 +86,16 @@ def spec_kind(spec: Mapping[str, Any]) -> str:
     return next(kind for kind in KINDS if kind in spec)
 
 
-def grammar_for_spec(spec: Mapping[str, Any] | str) -> Grammar:
+def grammar_for_spec(spec: Mapping[str, Any] | str, prompt: str | None = None) -> Grammar:
     """The grammar a spec asks for (cached: equal specs share one grammar object, hence one
-    compiled grammar per vocabulary)."""
+    compiled grammar per vocabulary). `prompt`: the rendered prompt the output continues, where
+    the host knows it; a dialect's grammar starts in reasoning or not as its tail says
+    (`ChatRequest.generation_prompt`), the other kinds ignore it."""
     spec = parse_spec(spec)
     kind = spec_kind(spec)
     if kind == "dialect":
         dialect, request = chat_request(spec)
+        request.generation_prompt = prompt
         try:
             return dialect.grammar(request)
         except (ValueError, RecursionError) as exc:
@@ -144,22 +149,30 @@ class Constraints:
         self.vocab = vocab
         self.compiler = GrammarCompiler(vocab, **compiler_options)
 
-    def compiled(self, constraint: Constraint) -> CompiledGrammar:
+    def compiled(self, constraint: Constraint,
+                 prompt_ids: Sequence[int] | None = None) -> CompiledGrammar:
         """`constraint` bound to this vocabulary; bad specs and grammars raise
-        `InvalidRequestError`."""
+        `InvalidRequestError`. `prompt_ids`: the rendered prompt's ids, where the host has
+        them: a dialect spec reads its reasoning start from the prompt (`grammar_for_spec`)."""
         if isinstance(constraint, CompiledGrammar):
             if constraint.vocab is not self.vocab:
                 raise ValueError("the compiled grammar was compiled for another vocabulary")
             return constraint
-        grammar = constraint if isinstance(constraint, Grammar) else grammar_for_spec(constraint)
+        if isinstance(constraint, Grammar):
+            grammar = constraint
+        else:
+            prompt = None if prompt_ids is None else self.vocab.text_of(prompt_ids)
+            grammar = grammar_for_spec(constraint, prompt)
         try:
             return self.compiler.compile(grammar)
         except (ValueError, RecursionError) as exc:
             raise InvalidRequestError(f"cannot compile the grammar: {exc}", "pegmask") from exc
 
-    def matcher(self, constraint: Constraint) -> GrammarMatcher:
-        """A fresh matcher (one generation) for `constraint`."""
-        return self.compiled(constraint).matcher()
+    def matcher(self, constraint: Constraint,
+                prompt_ids: Sequence[int] | None = None) -> GrammarMatcher:
+        """A fresh matcher (one generation) for `constraint` after `prompt_ids` (see
+        `compiled`)."""
+        return self.compiled(constraint, prompt_ids).matcher()
 
 
 class OutputFollower:

@@ -8,7 +8,7 @@ import random
 
 import pytest
 import torch
-from vocabularies import smollm2
+from vocabularies import smollm2, smollm2_tokenizer
 
 from pegmask.engine.requests import InvalidRequestError
 from pegmask.integrations.constraints import (
@@ -130,3 +130,26 @@ def test_far_from_the_end_the_mask_is_the_plain_one(constraints: Constraints) ->
     assert fill_within_budget(matcher, budgeted, 0, 10 * FIT_WINDOW)
     assert torch.equal(plain, budgeted)
     assert fill_within_budget(matcher, budgeted, 0, None) and torch.equal(plain, budgeted)
+
+
+REQUIRED_CALL = {"dialect": "hermes", "reasoning": False, "tool_choice": "required",
+                 "tools": [{"type": "function", "function": {"name": "f"}}]}
+
+
+@pytest.mark.parametrize(("tail", "reasons"), [
+    ("<think>\n", True),  # the template opened the block itself: the output starts inside it
+    ("<think>\n\n</think>\n\n", False),  # it closed an empty one
+    ("", False),  # none: the spec's reasoning option
+])
+def test_a_dialect_spec_reads_its_reasoning_start_from_the_prompt(
+        constraints: Constraints, tail: str, reasons: bool) -> None:
+    tokenizer = smollm2_tokenizer()
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False,
+                                           add_generation_prompt=True) + tail
+    ids = tokenizer.encode(prompt, add_special_tokens=False)
+    assert constraints.vocab.text_of(ids) == prompt
+    matcher = constraints.matcher(REQUIRED_CALL, ids)
+    # tool_choice "required": without reasoning the turn opens with the call's tag
+    assert matcher.accept_token(token("Sure")) is reasons
+    plain = constraints.matcher({"json_object": True}, ids)  # other kinds ignore the prompt
+    assert plain.compiled is constraints.compiled({"json_object": True})

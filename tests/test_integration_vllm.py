@@ -293,6 +293,25 @@ def test_a_dialect_spec_masks_the_whole_turn(tokenizer_dir: str) -> None:
     assert encode("Sure", add_special_tokens=False)[0] not in allowed
 
 
+def test_a_dialect_spec_starts_in_reasoning_where_the_prompt_opened_it(
+        tokenizer_dir: str) -> None:
+    """The tool parser's spec says reasoning off (SmolLM2's template has no `<think>`), but a
+    prompt that opens the block itself is continued inside it: the V1 runner hands the prompt."""
+    width = len(smollm2_tokenizer())
+    processor = PegmaskLogitsProcessor(config(tokenizer_dir, width), torch.device("cpu"), False)
+    spec = json.loads(composed().adjust_request(request(tool_choice="required"))
+                      .vllm_xargs["pegmask"])
+    encode = smollm2_tokenizer().encode
+    prompts = [encode(generation_prompt() + tail, add_special_tokens=False)
+               for tail in ("<think>\n", "<think>\n\n</think>\n\n", "")]
+    params = SamplingParams(max_tokens=4096, extra_args={"pegmask": json.dumps(spec)})
+    processor.update_state(BatchUpdate(batch_size=3, removed=[], moved=[], added=[
+        (i, params, prompt, []) for i, prompt in enumerate(prompts)]))
+    logits = processor.apply(torch.zeros(3, width))
+    sure = encode("Sure", add_special_tokens=False)[0]
+    assert [bool(torch.isfinite(logits[row, sure])) for row in range(3)] == [True, False, False]
+
+
 # --------------------------------------------------------------------------- closing
 PERSON = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 24},

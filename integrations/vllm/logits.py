@@ -25,6 +25,10 @@ for the end of its grammar as its `max_tokens` runs out, so an answer cut by the
 complete (`fill_within_budget`). On by default; `vllm_xargs={"close_on_length": false}` turns it
 off for a request.
 
+A `dialect` constraint starts inside reasoning or not as the rendered prompt's tail says where
+the runner hands the prompt (V1's `update_state`); V2's `add_request` does not, and there the
+request's switches decide.
+
 A request whose output leaves its grammar (a token from outside the mask, e.g. a placeholder)
 or that has no allowed token left is ended: only EOS stays allowed, and the error is logged.
 Speculative decoding is not supported (one logits row per request).
@@ -174,11 +178,14 @@ class PegmaskLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
     def is_argmax_invariant(self) -> bool:
         return False  # a mask changes the greedy choice
 
-    def _new_row(self, sampling_params: Any, name: str) -> _Row | None:
+    def _new_row(self, sampling_params: Any, name: str,
+                 prompt_ids: list[int] | None = None) -> _Row | None:
+        """The row of a request with a constraint; `prompt_ids`, where the runner hands them,
+        let a dialect constraint read its reasoning start from the prompt."""
         spec = request_spec(sampling_params)
         if spec is None:
             return None
-        return _Row(OutputFollower(self.constraints.matcher(spec)), name,
+        return _Row(OutputFollower(self.constraints.matcher(spec, prompt_ids)), name,
                     request_budget(sampling_params))
 
     def _masked(self, logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
@@ -224,8 +231,8 @@ class PegmaskLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
             return
         for index in batch_update.removed:
             self.rows.pop(index, None)
-        for index, params, _prompt, output_ids in batch_update.added:
-            row = self._new_row(params, f"at batch index {index}")
+        for index, params, prompt_ids, output_ids in batch_update.added:
+            row = self._new_row(params, f"at batch index {index}", prompt_ids)
             if row is None:
                 self.rows.pop(index, None)
             else:
@@ -252,6 +259,8 @@ class PegmaskLogitsProcessor(V1LogitsProcessor, V2LogitsProcessor):
 
     # ----------------------------------------------------------------- V2 runner
     def add_request(self, req_idx: int, sampling_params: Any) -> bool:
+        """V2 hands no prompt here: a dialect constraint reads the request's switches (its
+        `chat_template_kwargs`, `reasoning`), not the rendered prompt."""
         row = self._new_row(sampling_params, f"in slot {req_idx}")
         if row is None:
             self.rows.pop(req_idx, None)
