@@ -6,7 +6,9 @@
     model.generate(**batch, logits_processor=[processor], max_new_tokens=64)
 
 One matcher per row of the batch, each with its own constraint (a spec of
-`pegmask.integrations.constraints`, a `Grammar`, a `CompiledGrammar`) or none. Rows follow
+`pegmask.integrations.constraints`, a `Grammar`, a `CompiledGrammar`) or none. A `dialect`
+spec reads the row's rendered prompt (the `input_ids` of the first call): a chat template that
+opens `<think>` itself, or closes an empty block, sets whether the output starts in reasoning. Rows follow
 `input_ids`: a processor reads each row's generated tokens from it at every call, so greedy
 search, sampling, `num_return_sequences` (n rows per constraint) and beam search (rows reordered
 between steps: a row's matcher rolls back to what the rows share) all work. A row stops being
@@ -70,14 +72,15 @@ class PegmaskLogitsProcessor(LogitsProcessor):
         self.constraints = vocab if isinstance(vocab, Constraints) else Constraints(vocab)
         self.vocab = self.constraints.vocab
         if isinstance(constraints, (list, tuple)):
-            compiled = [None if c is None else self.constraints.compiled(c) for c in constraints]
-            if not compiled:
+            if not constraints:
                 raise ValueError("constraints is an empty list")
-            self._per_input: list[Any] | None = compiled
-            self._shared = None
+            self._per_input: list[Constraint | None] | None = list(constraints)
+            self._shared: Constraint | None = None
         else:
-            self._per_input = None
-            self._shared = None if constraints is None else self.constraints.compiled(constraints)
+            self._per_input, self._shared = None, constraints
+        for constraint in self._per_input or [self._shared]:
+            if constraint is not None:
+                self.constraints.compiled(constraint)  # a bad one raises here, not in generate
         self.rows: list[OutputFollower | None] = []  # one per row of the batch
         self._prompt: torch.Tensor | None = None
         self._bitmask: torch.Tensor | None = None
@@ -111,7 +114,8 @@ class PegmaskLogitsProcessor(LogitsProcessor):
 
     # ----------------------------------------------------------------- internals
     def _start(self, input_ids: torch.Tensor, scores: torch.Tensor) -> None:
-        """First call of a generation: one matcher per row."""
+        """First call of a generation: one matcher per row, after that row's prompt (a
+        dialect constraint starts in reasoning as the prompt's tail says)."""
         batch, width = input_ids.shape[0], scores.shape[-1]
         if width != self.vocab.size:
             raise ValueError(
@@ -125,7 +129,9 @@ class PegmaskLogitsProcessor(LogitsProcessor):
                 raise ValueError(f"{inputs} constraints for a batch of {batch} rows: give one "
                                  "per input row")
             per_row = [self._per_input[row // (batch // inputs)] for row in range(batch)]
-        self.rows = [None if c is None else OutputFollower(c.matcher()) for c in per_row]
+        prompts = input_ids.tolist()
+        self.rows = [None if c is None else OutputFollower(self.constraints.matcher(c, prompt))
+                     for c, prompt in zip(per_row, prompts, strict=True)]
         self._prompt = input_ids.detach().clone()
         self._bitmask = allocate_token_bitmask(batch, width)
 

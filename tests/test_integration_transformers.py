@@ -304,3 +304,19 @@ def test_misuse_gets_clear_errors(smollm2: ModelBackend, constraints: Constraint
         with pytest.raises(InvalidRequestError) as info:
             PegmaskLogitsProcessor(constraints, [spec])
         assert info.value.param == param, (spec, info.value)
+
+
+def test_a_dialect_row_starts_in_reasoning_where_its_prompt_opened_it(
+        smollm2: ModelBackend, constraints: Constraints) -> None:
+    """Rows after prompts whose template opened `<think>` itself, closed an empty block, or
+    wrote none (SmolLM2's own): only the first starts inside reasoning, where answer text may
+    come before the required call's tag."""
+    spec = {"dialect": "hermes", "reasoning": False, "tools": [WEATHER],
+            "tool_choice": "required"}
+    prompt = user(smollm2, "What's the weather in Tokyo?")
+    batch = chat_batch(smollm2, [prompt + "<think>\n", prompt + "<think>\n\n</think>\n\n",
+                                 prompt])
+    processor = PegmaskLogitsProcessor(constraints, spec)
+    scores = processor(batch["input_ids"], torch.zeros(3, constraints.vocab.size))
+    sure = smollm2.tokenizer.encode("Sure", add_special_tokens=False)[0]
+    assert torch.isfinite(scores[:, sure]).tolist() == [True, False, False]
