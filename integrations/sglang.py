@@ -18,7 +18,10 @@ for the end of its grammar as its `max_new_tokens` runs out, so an answer cut by
 still complete (`fill_within_budget`). SGLang hands a grammar object nothing of its request, so
 `register()` also hooks, through SGLang's plugin `HookRegistry`, the two `GrammarManager` methods
 that bind a grammar to its request (a cache hit in `process_req_with_grammar`, a compiled one in
-`get_ready_grammar_requests`) and gives each pegmask grammar its request's `max_new_tokens`.
+`get_ready_grammar_requests`) and gives each pegmask grammar its request's `max_new_tokens`,
+and a dialect grammar its request's prompt ids: the output starts in reasoning or not as the
+rendered prompt's tail says (a template that opens `<think>` itself, or closes an empty block),
+the grammar for the other start compiled there the first time one is met.
 `custom_params={"close_on_length": false}` turns closing off for a request.
 
 Tested against the installed SGLang 0.5.23's own classes in `.venv-sglang`
@@ -28,7 +31,9 @@ server (SGLang's model runner needs a GPU).
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -40,7 +45,13 @@ from sglang.srt.constrained.base_grammar_backend import (
 
 from pegmask.grammars.matcher import GrammarMatcher
 from pegmask.grammars.vocab import Vocabulary
-from pegmask.integrations.constraints import Constraint, Constraints, fill_within_budget
+from pegmask.integrations.constraints import (
+    Constraint,
+    Constraints,
+    fill_within_budget,
+    parse_spec,
+    spec_kind,
+)
 from pegmask.kernels import allocate_token_bitmask, apply_token_bitmask_inplace
 
 logger = logging.getLogger(__name__)
@@ -50,11 +61,15 @@ _MANAGER = "sglang.srt.constrained.grammar_manager.GrammarManager"
 
 
 class PegmaskGrammar(BaseGrammarObject):
-    """One request's grammar: a pegmask matcher behind SGLang's grammar-object interface."""
+    """One request's grammar: a pegmask matcher behind SGLang's grammar-object interface.
+    `after_prompt`, for a dialect constraint: the matcher for a request's prompt ids (its
+    reasoning start read from the prompt's tail), which `bind_request` swaps in."""
 
-    def __init__(self, matcher: GrammarMatcher):
+    def __init__(self, matcher: GrammarMatcher,
+                 after_prompt: Callable[[list[int]], GrammarMatcher] | None = None):
         super().__init__()
         self.matcher = matcher
+        self.after_prompt = after_prompt
         self.budget: int | None = None  # the request's max_new_tokens, where it closes
         self.accepted = 0  # output tokens read (SGLang rolls back by count)
 
@@ -97,7 +112,7 @@ class PegmaskGrammar(BaseGrammarObject):
 
     def copy(self) -> PegmaskGrammar:
         """A fresh grammar for a new request (cached templates are never advanced)."""
-        return PegmaskGrammar(self.matcher.compiled.matcher())
+        return PegmaskGrammar(self.matcher.compiled.matcher(), self.after_prompt)
 
     def try_jump_forward(self, tokenizer: Any) -> None:
         """Jump-forward is not offered through SGLang (its retokenizing protocol)."""
@@ -134,10 +149,14 @@ class PegmaskGrammarBackend(BaseGrammarBackend):
 
     def _grammar(self, constraint: Constraint) -> BaseGrammarObject:
         try:
-            return PegmaskGrammar(self.constraints.matcher(constraint))
+            matcher = self.constraints.matcher(constraint)
         except ValueError as exc:
             logger.error("pegmask: invalid grammar: %s", exc)
             return InvalidGrammarObject(str(exc))
+        after_prompt = None
+        if isinstance(constraint, (str, dict)) and spec_kind(parse_spec(constraint)) == "dialect":
+            after_prompt = functools.partial(self.constraints.matcher, constraint)
+        return PegmaskGrammar(matcher, after_prompt)
 
 
 def create_backend(server_args: Any, tokenizer: Any, vocab_size: int,
@@ -148,11 +167,19 @@ def create_backend(server_args: Any, tokenizer: Any, vocab_size: int,
 
 def bind_request(req: Any) -> None:
     """Give a request's pegmask grammar its budget: `max_new_tokens`, unless the request's
-    `custom_params` say `close_on_length: false` (or it has no budget). Runs inside SGLang's
-    scheduler loop, so it never raises: only an explicit false turns closing off."""
+    `custom_params` say `close_on_length: false` (or it has no budget); and a dialect grammar
+    its prompt (`origin_input_ids`: the rendered prompt, whose tail says whether the output
+    starts in reasoning). Runs inside SGLang's scheduler loop, so it never raises: only an
+    explicit false turns closing off, and a prompt that cannot be read leaves the grammar."""
     grammar = req.grammar
     if not isinstance(grammar, PegmaskGrammar):
         return
+    prompt = getattr(req, "origin_input_ids", None)
+    if grammar.after_prompt is not None and prompt is not None and grammar.accepted == 0:
+        try:
+            grammar.matcher = grammar.after_prompt(list(prompt))
+        except ValueError as exc:
+            logger.error("pegmask: the grammar after the prompt failed (%s); kept", exc)
     params = req.sampling_params
     custom = params.custom_params if isinstance(params.custom_params, dict) else {}
     grammar.budget = None if custom.get(CLOSE_KEY) is False else params.max_new_tokens

@@ -162,9 +162,9 @@ class Request:
     """The parts of SGLang's `Req` its grammar manager touches (`schedule_batch.Req` imports
     SGLang's multimodal configs, which need torchvision)."""
 
-    def __init__(self, params: SamplingParams):
+    def __init__(self, params: SamplingParams, prompt_ids: list[int] | None = None):
         self.sampling_params = params
-        self.origin_input_ids = [1, 2, 3]
+        self.origin_input_ids = prompt_ids or [1, 2, 3]
         self.require_reasoning = False
         self.grammar = None
         self.grammar_key = None
@@ -191,10 +191,11 @@ def grammar_manager(backend: PegmaskGrammarBackend) -> GrammarManager:
     return manager
 
 
-def admitted(manager: GrammarManager, params: SamplingParams) -> Request:
+def admitted(manager: GrammarManager, params: SamplingParams,
+             prompt_ids: list[int] | None = None) -> Request:
     """A request through the grammar manager until its grammar is ready, as the scheduler
     does (compiled in the backend's executor, or copied from its cache)."""
-    req = Request(params)
+    req = Request(params, prompt_ids)
     if manager.process_req_with_grammar(req):
         while req not in manager.get_ready_grammar_requests():
             pass
@@ -286,6 +287,26 @@ def test_a_cached_grammar_is_a_fresh_one_with_its_own_budget(
     assert second.grammar is not first.grammar
     assert (second.grammar.budget, second.grammar.accepted) == (7, 0)
     assert first.grammar.budget == 50
+
+
+def test_a_dialect_grammar_starts_in_reasoning_where_the_prompt_opened_it(
+        backend: PegmaskGrammarBackend) -> None:
+    """The same dialect constraint (reasoning off, a call required) after prompts whose template
+    opened `<think>` itself, closed an empty block, or wrote none (SmolLM2's own): the first
+    compiled, the others cache hits; only the first output starts inside reasoning."""
+    manager = grammar_manager(backend)
+    spec = json.dumps({"dialect": "hermes", "reasoning": False, "tools": [TOOL],
+                       "tool_choice": "required"})
+    prompt = smollm2_tokenizer().apply_chat_template(
+        [{"role": "user", "content": "Weather in Paris?"}], tokenize=False,
+        add_generation_prompt=True)
+    sure = tokens("Sure")[0]
+    started = []
+    for tail in ("<think>\n", "<think>\n\n</think>\n\n", ""):
+        req = admitted(manager, SamplingParams(max_new_tokens=100, ebnf=spec),
+                       tokens(prompt + tail))
+        started.append(req.grammar.matcher.accept_token(sure))
+    assert started == [True, False, False]
 
 
 def test_mask_buffers_are_sglangs_layout(backend: PegmaskGrammarBackend) -> None:
