@@ -11,6 +11,13 @@ vLLM runs a reasoning parser over the output first and hands the rest to the too
   answer starts (Harmony's later analysis messages) is streamed as `reasoning`; a
   non-streamed reply has no place for it.
 
+vLLM's structured-output gate asks `is_reasoning_end` of the prompt's ids, then of prompt +
+output ids, and constrains (response_format, its own JSON modes) from where it says True: the
+ids' tail decides, as in vLLM's own parsers (`inside_reasoning`: the last reasoning marker, else
+the prompt's state under the model's chat template). A stream gets its prompt
+(`adjust_initial_state_from_prompt`); a whole output's `extract_reasoning` does not, and reads
+the request's switches.
+
 Both stream on vLLM's engine-based path (`engine_based_streaming`): they keep their own state
 and flush it in `finish_streaming`. With tools (and no other structured output) the tool parser
 asks for the dialect's tool-call grammar under `vllm_xargs["pegmask"]`, which
