@@ -475,6 +475,11 @@ def _reasoning_delimiters(probes: _Probes, text: str, before: str
     if close is None:
         raise DerivationError(f"reasoning is not closed by a special token: {behind[:40]!r}")
     header = probes.header.rstrip()
+    named = _named_block(behind.lstrip(), header)
+    if named is not None:
+        raise DerivationError(f"reasoning is a named block ({named[0]!r} ... {named[1]!r}): a "
+                              f"turn of named blocks (reasoning, content, calls, arguments) is "
+                              f"not derived")
     for opening in _openings(close):
         prompt_opens = header.endswith(opening)
         if ahead.rstrip().endswith(opening) or prompt_opens:
@@ -496,6 +501,24 @@ def _reasoning_delimiters(probes: _Probes, text: str, before: str
 
 # A word after a token that opens reasoning, naming it (Gemma 4's `<|channel>thought`).
 _LABEL = re.compile(r"[A-Za-z_]+")
+
+
+def _named_block(closing: str, header: str) -> tuple[str, str] | None:
+    """(opening, closing) where `closing` starts with a block's closing of the form token,
+    name, token, whose opening (another token, the same name and token) ends `header`
+    (Kimi K3's `<|open|>think<|sep|>` ... `<|close|>think<|sep|>`), else None."""
+    spans = _token_spans(closing)
+    if len(spans) < 2 or spans[0][0] != 0:
+        return None
+    name = _LABEL.fullmatch(closing[spans[0][1]:spans[1][0]])
+    if name is None:
+        return None
+    rest = closing[spans[0][1]:spans[1][1]]  # the name and the token after it
+    at = len(header) - len(rest)
+    opened = [start for start, end in _token_spans(header) if end == at]
+    if not header.endswith(rest) or not opened or header[opened[0]:at] == closing[:spans[0][1]]:
+        return None
+    return header[opened[0]:], closing[:spans[1][1]]
 
 
 def _labelled(opening: str, text: str) -> str:

@@ -74,8 +74,13 @@ DERIVES: dict[str, str | None] = {
     'GLM-4.7-Flash.jinja': None,
     'Kimi-K2-Instruct.jinja':
         "the template writes no tool calls (a call's name is not in its rendering)",
+    # every part of its turn is a block `<|open|>NAME ...<|sep|>` ... `<|close|>NAME<|sep|>`:
+    # reasoning (opened by the prompt), the content (written, empty, before calls too), the
+    # calls, each argument (its block names the value's type: `type="object"`), and the turn
+    # itself, whose closing block comes before <|end_of_msg|>
     'Kimi-K3.jinja':
-        "the template writes 'think<|sep|><|open|>response<|sep|>' before a turn's content",
+        "reasoning is a named block ('<|open|>think<|sep|>' ... '<|close|>think<|sep|>'): a "
+        "turn of named blocks (reasoning, content, calls, arguments) is not derived",
     'MiMo-VL.jinja': None,
     'MiniMax-M2.jinja': None,
     'Mistral-Small-3.2-24B-Instruct-2506.jinja': None,
