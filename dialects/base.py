@@ -985,10 +985,13 @@ VALUE_TAGS = ("string", "json", "value")
 
 @functools.cache
 def value_readers() -> dict[str, ValueReader]:
-    """The value readers every registered family declares, by capture tag."""
+    """The value readers every registered family declares, and the derived dialect's (not a
+    family: engines parse with grammars alone), by capture tag."""
+    from pegmask.dialects.derive import DerivedDialect
     from pegmask.dialects.registry import dialect_classes
 
-    return {tag: reader for cls in dialect_classes() for tag, reader in cls.value_readers.items()}
+    return {tag: reader for cls in (*dialect_classes(), DerivedDialect)
+            for tag, reader in cls.value_readers.items()}
 
 
 _JSON_SCALARS = (str, int, float, bool, type(None))

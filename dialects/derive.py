@@ -20,7 +20,12 @@ turn is the text the template writes after the generation prompt; their differen
   (`param_open` KEY `param_mid` VALUE `param_close`) is diffed from a call with two arguments
   and one with none; where the framing types the value (DSML's `string="false"`), `json_mid`
   stands for `param_mid` before values other than strings;
-* call ids (`pgcallida`) and indices (0/1 or 1/2 where the calls differ) the framing holds.
+* call ids (`pgcallida`) and indices (0/1 or 1/2 where the calls differ) the framing holds;
+* string values between a quote token that ends `param_mid` and starts `param_close` (Gemma 4's
+  `key:<|"|>value<|"|>`), other values in that quote's JSON dialect (`quoted_values`);
+* reasoning a template writes before calls only (Gemma 4's), content it writes after the calls
+  (`content_after_calls`), and a content addressed like a call (Functionary v3.2's `all\n`,
+  parts separated by `sep`, the prompt opening the first: `addressed`).
 
 A call that is a bare JSON object (no marker before it: Llama 3's, Phi-4 mini's template) is a
 whole turn: the object's `{` triggers it, and an answer cannot start with one (`calls_alone`).
@@ -44,6 +49,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from pegmask.dialects import quoted_values
+from pegmask.dialects.addressed import addressed_root
 from pegmask.dialects.base import TurnDialect, peg_literal
 
 DERIVED = "derived"
@@ -53,8 +60,9 @@ ID_SLOT = "\ue000"
 INDEX_SLOT = "\ue001"
 _SLOT_PEG = {ID_SLOT: "[A-Za-z0-9_.:\\-]{1,64}", INDEX_SLOT: "[0-9]{1,4}"}
 
-# A special token's spelling: <tag>, </tag>, <|tag|>, <|tag>, <tag|>, <｜tag｜>, [UPPER_CASE].
-_TOKEN = re.compile(r"<[^<>\s\"']+>|\[/?[A-Z][A-Z_]*\]")
+# A special token's spelling: <tag>, </tag>, <|tag|>, <|tag>, <tag|>, <｜tag｜>, [UPPER_CASE];
+# between pipes, any text but whitespace (Gemma 4's string quote <|"|>).
+_TOKEN = re.compile(r"<\|[^<>\s|]+\|>|<[^<>\s\"']+>|\[/?[A-Z][A-Z_]*\]")
 
 _CONTENT, _REASON = "PGCONTENT", "PGREASON"
 _NAMES = ("pgfn_one", "pgfn_two")
@@ -99,9 +107,11 @@ class TurnFormat:
     param_mid: str = ""  # then param_close; parameters joined by param_sep
     param_close: str = ""
     param_sep: str = ""
-    # params: how non-string values are written: "json", "python" (`str(value)`), or "mixed"
-    # (nested values as JSON, booleans and null as Python: `True`, `None`)
+    # params: how non-string values are written: "json", "python" (`str(value)`), "mixed"
+    # (nested values as JSON, booleans and null as Python: `True`, `None`) or "quoted" (strings
+    # between the `quote` token, other values in a JSON dialect of bare, sorted keys: quoted_values)
     values: str = "json"
+    quote: str | None = None
     # params: what stands for param_mid before a value other than a string, where the framing
     # types values (DSML's `string="false"` where strings have `string="true"`)
     json_mid: str | None = None
@@ -109,6 +119,13 @@ class TurnFormat:
     # <|END_RESPONSE|>), None: the content is written as it is
     content: tuple[str, str] | None = None
     parallel: bool = True  # False: the template writes at most one call in a turn
+    # True: the template writes a turn's content after its calls (Gemma 4's past turns), where
+    # a model writes it before them: the grammar reads content before calls only
+    content_after_calls: bool = False
+    # the text a turn's content is addressed with, as a call with its name (Functionary v3.2's
+    # `all\n`): parts of a turn are separated by `sep`, and the generation prompt opens the
+    # first (None: the content is not addressed)
+    recipient: str | None = None
     notes: tuple[str, ...] = field(default=())
 
     @property
@@ -131,6 +148,9 @@ class TurnFormat:
                  f"{show(self.close)}" + ("" if self.parallel else " (one call a turn)")]
         if self.content is not None:
             lines.append(f"content:      {show(self.content[0])} CONTENT {show(self.content[1])}")
+        if self.recipient is not None:
+            lines.append(f"content:      {show(self.recipient)} CONTENT ({show(self.sep)} "
+                         f"calls)?, the prompt opening the first part")
         if self.arguments == "object":
             members = ", ".join(f"{key!r}: " + (f"{{{value}}}" if value in ("name", "arguments")
                                                   else show(value))
@@ -145,7 +165,8 @@ class TurnFormat:
             lines.append(f"parameter:    {show(self.param_open)} KEY {show(self.param_mid)} "
                          f"VALUE {show(self.param_close)} (values other than strings: "
                          f"{self.values}" + (f", after {show(self.json_mid)})" if self.json_mid
-                                             else ")"))
+                                             else f", strings in {show(self.quote)})"
+                                             if self.quote else ")"))
         lines += [f"note:         {note}" for note in self.notes]
         return "\n".join(lines)
 
@@ -291,6 +312,22 @@ class _Probes:
             return None
         return _first_token(text.split(_CONTENT, 1)[1]) if _CONTENT in text else None
 
+    def with_call(self, marker: str, **fields: str) -> str:
+        """The turn of a message with `fields` (content, reasoning_content) and one call
+        (arguments as an object, else as JSON text), "" if none renders both the call and
+        `marker`."""
+        for arguments in (_STRINGS, json.dumps(_STRINGS)):
+            message = {"role": "assistant", "content": "", **fields, "tool_calls": [
+                {"id": _IDS[0], "type": "function",
+                 "function": {"name": _NAMES[0], "arguments": arguments}}]}
+            try:
+                text = self.turn(message)
+            except Exception:  # noqa: BLE001, S112 - a template may fail in any way
+                continue
+            if marker in text and _NAMES[0] in text:
+                return text
+        return ""
+
     def calls(self, calls: Sequence[tuple[str, dict[str, Any]]]) -> str:
         """The turn of a message holding only `calls`: arguments as an object, else as JSON
         text, content "" else None (templates expect one or the other); "" if none renders
@@ -337,8 +374,11 @@ def _derive(template: str, kwargs: tuple[tuple[str, Any], ...]) -> TurnFormat:
     if think_close is not None:
         before = before.replace(think_close, "").replace(think_open or think_close, "")
     content = _content_framing(before, after)
+    recipient = None  # text before the content: the content may be addressed like a call
     if content is not None:
         after = after[after.index(content[1]) + len(content[1]):]
+    elif before.strip() and _TOKEN.search(before) is None:
+        recipient = before
     elif before.strip():
         raise DerivationError(f"the template writes {before.strip()!r} before a turn's content")
     # the end of a turn is a special token, whether or not it looks like a tag ("[e~[")
@@ -360,10 +400,20 @@ def _derive(template: str, kwargs: tuple[tuple[str, Any], ...]) -> TurnFormat:
         open_, head, tail_one, sep, close = _single_call_layout(section_one)
         notes.append("the template writes one call a turn: parallel calls are off")
     eos = tuple(dict.fromkeys(token for token in (end, ends) if token))
+    after_calls = _content_after_calls(probes.with_call(_CONTENT, content=_CONTENT), eos)
+    if after_calls:
+        notes.append("the template writes a turn's content after its calls")
+    if recipient is not None:
+        # the prompt opens the first part of the turn: the content's recipient, or a call's
+        if (open_ + head).strip() or not sep.strip() or not probes.header.endswith(sep):
+            raise DerivationError(f"the template writes {recipient.strip()!r} before a turn's "
+                                  f"content")
+        notes.append("the content is addressed like a call; the prompt opens the first part")
     common = {"eos": eos, "think_open": think_open, "think_close": think_close,
               "reasoning_default": default, "open": open_, "sep": sep, "close": close,
-              "parallel": bool(two), "content": content, "notes": tuple(notes)}
-    if not (open_ or head).strip():
+              "parallel": bool(two), "content": content, "content_after_calls": after_calls,
+              "recipient": recipient, "notes": tuple(notes)}
+    if not (open_ or head).strip() and recipient is None:
         raise DerivationError("a turn's calls start with no marker (their name comes first)")
     found = _find_json(head + _NAMES[0] + tail_one, _STRINGS)
     if found is not None:
@@ -373,6 +423,13 @@ def _derive(template: str, kwargs: tuple[tuple[str, Any], ...]) -> TurnFormat:
         raise DerivationError("the template cannot write a call without arguments")
     nested = probes.calls([(_NAMES[0], _NESTED_ARGS)])
     return _params_format(head, tail_one, _section(empty, text, after, end)[0], nested, common)
+
+
+def _content_after_calls(turn: str, eos: tuple[str, ...]) -> bool:
+    """Whether `turn` (content and a call) writes the content after the call, in the same
+    turn (R1's, after an end of turn, is another turn's)."""
+    call, content = turn.find(_NAMES[0]), turn.find(_CONTENT)
+    return 0 <= call < content and not any(token in turn[call:content] for token in eos)
 
 
 def _content_framing(before: str, after: str) -> tuple[str, str] | None:
@@ -397,12 +454,32 @@ def _reasoning(probes: _Probes, before: str, after: str
         empty = _EMPTY_BLOCK.fullmatch(before.strip())
         if empty:  # an empty block before every content (Kimi K2 Thinking's past turns)
             return empty.group(1), empty.group(3), None
-        return _split_reasoning(probes)
+        split = _split_reasoning(probes)
+        # else reasoning the template writes before calls only (Gemma 4's)
+        text = probes.with_call(_REASON, reasoning_content=_REASON)
+        if split[1] is not None or not text:
+            return split
+        try:
+            return _reasoning_delimiters(probes, text, before)
+        except DerivationError:  # (Command R7B's: no reasoning is derived)
+            return split
+    return _reasoning_delimiters(probes, text, before)
+
+
+def _reasoning_delimiters(probes: _Probes, text: str, before: str
+                          ) -> tuple[str | None, str | None, bool | None]:
+    """(opening, closing delimiter, default mode) of the reasoning `text` writes (`before`:
+    what the content-only turn writes before its content)."""
     ahead, behind = text.split(_REASON, 1)
     close = _first_token(behind)
     if close is None:
         raise DerivationError(f"reasoning is not closed by a special token: {behind[:40]!r}")
     header = probes.header.rstrip()
+    named = _named_block(behind.lstrip(), header)
+    if named is not None:
+        raise DerivationError(f"reasoning is a named block ({named[0]!r} ... {named[1]!r}): a "
+                              f"turn of named blocks (reasoning, content, calls, arguments) is "
+                              f"not derived")
     for opening in _openings(close):
         prompt_opens = header.endswith(opening)
         if ahead.rstrip().endswith(opening) or prompt_opens:
@@ -410,12 +487,44 @@ def _reasoning(probes: _Probes, before: str, after: str
             return opening, close, True if prompt_opens else None
         if not ahead.strip() and opening in header:
             # opened where the turn and the prompt agree; the prompt may close it (off)
-            return opening, close, False if header.endswith(close) else None
+            return _labelled(opening, header), close, False if header.endswith(close) else None
+        if ahead.strip().startswith(opening) and _LABEL.fullmatch(ahead.strip()[len(opening):]):
+            # opened by the token and a label; the prompt may open it (on)
+            opening = ahead.strip()
+            return opening, close, True if header.endswith(opening) else \
+                False if header.endswith(close) else None
     if not ahead.strip() and before.lstrip().startswith(close):
         # the turn starts inside reasoning: its opening is the prompt's
         return next(iter(_openings(close)), close), close, True
     raise DerivationError(f"reasoning is not opened by a counterpart of {close!r}")
 
+
+# A word after a token that opens reasoning, naming it (Gemma 4's `<|channel>thought`).
+_LABEL = re.compile(r"[A-Za-z_]+")
+
+
+def _named_block(closing: str, header: str) -> tuple[str, str] | None:
+    """(opening, closing) where `closing` starts with a block's closing of the form token,
+    name, token, whose opening (another token, the same name and token) ends `header`
+    (Kimi K3's `<|open|>think<|sep|>` ... `<|close|>think<|sep|>`), else None."""
+    spans = _token_spans(closing)
+    if len(spans) < 2 or spans[0][0] != 0:
+        return None
+    name = _LABEL.fullmatch(closing[spans[0][1]:spans[1][0]])
+    if name is None:
+        return None
+    rest = closing[spans[0][1]:spans[1][1]]  # the name and the token after it
+    at = len(header) - len(rest)
+    opened = [start for start, end in _token_spans(header) if end == at]
+    if not header.endswith(rest) or not opened or header[opened[0]:at] == closing[:spans[0][1]]:
+        return None
+    return header[opened[0]:], closing[:spans[1][1]]
+
+
+def _labelled(opening: str, text: str) -> str:
+    """`opening` with the label that follows it where `text` last writes it, if any."""
+    label = _LABEL.match(text, text.rindex(opening) + len(opening))
+    return opening + label.group() if label else opening
 
 # An empty reasoning block: a tag and its closing counterpart.
 _EMPTY_BLOCK = re.compile(r"(<([^<>/\s]+)>)\s*(</\2>)")
@@ -425,6 +534,8 @@ def _openings(close: str) -> list[str]:
     """The tags that may open what `close` closes: `</x>` -> `<x>`; `END` -> `START` or
     `BEGIN`, `suffix` -> `prefix` (Command A's `<|START_THINKING|>`, Apertus' `<|inner_prefix|>`)."""
     found = ["<" + close[2:]] if close.startswith("</") else []
+    if close.startswith("<") and close.endswith("|>") and not close.startswith("<|"):
+        found.append("<|" + close[1:-2] + ">")  # <x|> -> <|x> (Gemma 4's <channel|>)
     for end, start in (("END", "START"), ("END", "BEGIN"), ("end", "start"), ("end", "begin"),
                        ("suffix", "prefix")):
         if end in close:
@@ -587,7 +698,7 @@ def _params_format(head: str, tail: str, empty: str, nested: str,
     mid = first_open[:common_prefix(first_open, empty_tail)]
     param_open = first_open[len(mid):]
     call_end = empty_tail[len(mid):]
-    if not last.endswith(call_end) or not param_open:
+    if not last.endswith(call_end):
         raise DerivationError("the end of a call with parameters differs from one without")
     param_close = last[:len(last) - len(call_end)]
     if not between.startswith(param_close) or not between.endswith(param_open) \
@@ -595,6 +706,16 @@ def _params_format(head: str, tail: str, empty: str, nested: str,
         raise DerivationError("the text between two parameters is not one's end and the "
                               "other's start")
     param_sep = between[len(param_close):len(between) - len(param_open)]
+    if not param_open and not param_sep.strip():
+        raise DerivationError("nothing starts a parameter (nor parts it from the one before)")
+    quote = _quote(param_mid, param_close)
+    if quote is not None:  # strings between a quote token: the values' own syntax
+        param_mid, param_close = param_mid[:-len(quote)], param_close[len(quote):]
+        _check_quoted(nested, quote, param_open + "pgk_n" + param_mid,
+                      param_close + param_sep + param_open + "pgk_z" + param_mid, call_end)
+        return TurnFormat(arguments="params", head=head, mid=mid, tail=call_end,
+                          param_open=param_open, param_mid=param_mid, param_close=param_close,
+                          param_sep=param_sep, values="quoted", quote=quote, **common)
     json_mid = _typed_mid(nested, param_open, param_mid)
     values = _value_style(nested, param_open, json_mid, param_close)
     if not param_close.strip():
@@ -603,6 +724,32 @@ def _params_format(head: str, tail: str, empty: str, nested: str,
                       param_open=param_open, param_mid=param_mid, param_close=param_close,
                       param_sep=param_sep, values=values,
                       json_mid=None if json_mid == param_mid else json_mid, **common)
+
+
+def _quote(param_mid: str, param_close: str) -> str | None:
+    """The token a string value is quoted in: the one that both ends `param_mid` and starts
+    `param_close` (Gemma 4's `key:<|"|>value<|"|>`), else None."""
+    token = _first_token(param_close)
+    if token is None or not param_close.startswith(token) or not param_mid.endswith(token):
+        return None
+    return token
+
+
+def _check_quoted(nested: str, quote: str, nested_at: str, null_at: str, call_end: str) -> None:
+    """That the nested argument and the null one (written after `nested_at`, `null_at`) are
+    values of the quoted syntax (a JSON dialect of bare keys, quoted_values)."""
+    start, middle = nested.find(nested_at), nested.find(null_at)
+    end = nested.rfind(call_end)
+    if min(start, middle, end) < 0 or not start < middle < end:
+        raise DerivationError("parameters are framed differently by their value's type")
+    written = (nested[start + len(nested_at):middle], nested[middle + len(null_at):end])
+    try:
+        read = tuple(quoted_values.read_value(text, quote=quote) for text in written)
+    except ValueError:
+        read = None
+    if read != (_NESTED, None):
+        raise DerivationError(f"a nested argument's value is written neither as JSON nor as "
+                              f"a Python literal nor as quoted values: {written[0]!r}")
 
 
 def _empty_tail(empty: str, close: str) -> str:
@@ -665,6 +812,8 @@ class DerivedDialect(TurnDialect):
     priority = 10_000
     #: the format's sections, instead of a `.peg` file
     peg_text: ClassVar[str] = ""
+    #: values in the quoted syntax (a format's `quote`: any `<|x|>` token where a value starts)
+    value_readers = {"quoted": quoted_values.read_value}
 
     def __init__(self, turn: TurnFormat, **options: Any):
         if turn.think_close is None:
@@ -675,20 +824,23 @@ class DerivedDialect(TurnDialect):
         self.format = turn
         # what a family declares as class attributes, this dialect has from its format
         self.reasons = turn.think_close is not None
-        self.raw_until = turn.param_close.rstrip() if turn.arguments == "params" else None
+        self.raw_until = turn.quote or turn.param_close.rstrip() \
+            if turn.arguments == "params" else None
         self._sections = _sections(turn)
         # a bare JSON call is a whole turn: an answer cannot start like one (Llama 3's)
         self.calls_alone = turn.bare
         self.answer_rule = "answer" if turn.bare else "text"
-        opening = first_piece(turn.open or turn.head)
+        opening = first_piece(turn.open or turn.head or turn.sep)
         self.word_stop = None if turn.bare or _TOKEN.fullmatch(opening) else opening
 
     def sections(self) -> dict[str, str]:
         return self._sections
 
     def root_rule(self, request: Any, strict: bool) -> tuple[str, Any]:
-        """`TurnDialect`'s, the content wrapped in the format's content tokens (leniently,
-        either may be missing)."""
+        """An addressed content: `addressed_root`; else `TurnDialect`'s, the content wrapped
+        in the format's content tokens (leniently, either may be missing)."""
+        if self.format.recipient is not None:
+            return addressed_root(request, strict)
         root, schema = super().root_rule(request, strict)
         if self.format.content is None:
             return root, schema
@@ -696,6 +848,30 @@ class DerivedDialect(TurnDialect):
         wrap = (lambda m: f"{opening} {m.group()} {closing}") if strict else \
             (lambda m: f"({opening} ws)? {m.group()} (ws {closing})?")
         return re.sub(r"@content:\S+", wrap, root), schema
+
+    def unsaid_reasoning(self, request: Any) -> bool | None:
+        """A prompt that does not close the reasoning the template's default prompt closes
+        (Gemma 4's, `enable_thinking` on) leaves the model to open it: detected."""
+        mode = super().unsaid_reasoning(request)
+        if mode is False and self.format.reasoning_default is False \
+                and request.reasoning_enabled(True) is not False:
+            return None
+        return mode
+
+    def substitutions(self, strict: bool) -> dict[str, str]:
+        """Quoted values: whitespace inside them (none when strict, as templates write them)."""
+        return {"gws": '""' if strict else "[ \\t\\r\\n]*"} if self.format.quote else {}
+
+    def param_rules(self, sections: dict[str, str], index: int, schema: dict[str, Any],
+                    grammar_of: Any) -> tuple[str, str, dict[str, Any]]:
+        """Quoted values: their rules from the schema (quoted_values), keys sorted."""
+        turn = self.format
+        if turn.quote is None:
+            return super().param_rules(sections, index, schema, grammar_of)
+        return quoted_values.quoted_params(
+            index, schema, turn.quote, "quoted",
+            lambda key: f"{framing_peg(turn.param_open)} @key:{peg_literal(key)} "
+                        f"{framing_peg(turn.param_mid)}")
 
 
 def first_piece(text: str) -> str:
@@ -725,7 +901,10 @@ def _sections(turn: TurnFormat) -> dict[str, str]:
                   "thought     = text"]
     eos = " | ".join(f"token({peg_literal(token)})" for token in turn.eos) or '""'
     rules.append(f"eos         = {eos}")
-    if turn.open.strip():
+    if turn.recipient is not None:  # the prompt opens the first call (no trigger)
+        open_, head = f(turn.open), f(turn.head)
+        rules += [f"to_content  = {f(turn.recipient)}", f"sep         = {f(turn.sep)}"]
+    elif turn.open.strip():
         open_, head = _triggered(turn.open), f(turn.head)
     elif turn.bare:  # the call's object is its own trigger (Llama 3's `{`)
         open_, head = '""', 'trigger("{") jws'
@@ -771,10 +950,12 @@ def _sections(turn: TurnFormat) -> dict[str, str]:
         per_tool = f"tool_$i = @name:$name {f(turn.mid)} @arguments:json($schema)"
     else:
         stops = f'{f(first_piece(turn.param_mid))}, "\\n"'
-        value_stop = peg_literal(turn.param_close.rstrip())
+        value_stop = peg_literal(turn.quote or turn.param_close.rstrip())
         json_mid = turn.json_mid or turn.param_mid
         value = f"{f(turn.param_mid)} @value:raw" if turn.json_mid is None else \
             f"({f(turn.param_mid)} @string:raw | {f(json_mid)} @json:raw)"
+        if turn.quote is not None:
+            value = f"{f(turn.param_mid)} (Q @string:raw Q | @quoted:gvalue)"
         param = f"@param:({f(turn.param_open)} @key:until({stops}) {value} {f(turn.param_close)})"
         # whitespace after a name before its parameters is layout (GLM 4.6 writes "\n")
         mid = "ws" if turn.mid and not turn.mid.strip() and len(turn.mid) <= 4 else f(turn.mid)
@@ -791,6 +972,8 @@ def _sections(turn: TurnFormat) -> dict[str, str]:
             f"p_${{i}}_${{j}} = @param:({f(turn.param_open)} @key:$key {f(json_mid)} "
             f"@json:json($schema) {f(turn.param_close)})\n")
     shared = "\n".join(rule.replace("$", "$$").replace("$$tools", "$tools") for rule in rules)
+    if turn.quote is not None:
+        shared += "\n" + quoted_values.value_rules(turn.quote).rstrip("\n")
     return {"": shared + "\n", "per tool": per_tool + "\n", **sections}
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from pegmask.dialects.addressed import addressed_root
 from pegmask.dialects.base import TurnDialect
 from pegmask.dialects.request import ChatRequest
 
@@ -27,22 +28,5 @@ class FunctionaryDialect(TurnDialect):
     reasons = False
 
     def root_rule(self, request: ChatRequest, strict: bool) -> tuple[str, Any]:
-        """`all` and the content, then calls after `>>>` (unless the request forbids them),
-        or calls alone; leniently also any text as content."""
-        schema = request.response_grammar if strict else None
-        if strict:
-            answer = "to_all @content:json(response)" if schema is not None else \
-                "to_all (@content:text)?"
-            calls = "calls_one" if request.max_calls == 1 else "calls_many"
-            if request.min_calls:
-                body = calls
-            elif request.max_calls == 0:
-                body = answer
-            elif schema is not None:  # the JSON answer is due, unless calls come instead
-                body = f"{answer} | {calls}"
-            else:
-                body = f"{answer} (sep {calls})? | {calls}"
-        else:
-            body = "to_all (@content:text)? (sep region)? | region | @content:text"
-        optional = "" if strict and request.min_calls else "?"
-        return f"root = ({body}){optional} ws eos?\n", schema
+        """`all` and the content, then calls after `>>>`, or calls alone (`addressed_root`)."""
+        return addressed_root(request, strict)

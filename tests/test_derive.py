@@ -53,6 +53,7 @@ TEMPLATE_KWARGS: dict[str, dict[str, str]] = {
     "mistralai-Mistral-Nemo-Instruct-2407.jinja": {"bos_token": "<s>", "eos_token": "</s>"},
     "unsloth-mistral-Devstral-Small-2507.jinja": {"bos_token": "<s>", "eos_token": "</s>"},
     "meetkai-functionary-medium-v3.1.jinja": {"bos_token": "<|begin_of_text|>"},
+    "meetkai-functionary-medium-v3.2.jinja": {"bos_token": "<|begin_of_text|>"},
     "unsloth-Apriel-1.5.jinja": {"bos_token": "<s>", "eos_token": "</s>"},
     # Hy3 reasons only with an effort (its prompt closes reasoning by default)
     "tencent-Hy3.jinja": {"reasoning_effort": "high"},
@@ -73,8 +74,13 @@ DERIVES: dict[str, str | None] = {
     'GLM-4.7-Flash.jinja': None,
     'Kimi-K2-Instruct.jinja':
         "the template writes no tool calls (a call's name is not in its rendering)",
+    # every part of its turn is a block `<|open|>NAME ...<|sep|>` ... `<|close|>NAME<|sep|>`:
+    # reasoning (opened by the prompt), the content (written, empty, before calls too), the
+    # calls, each argument (its block names the value's type: `type="object"`), and the turn
+    # itself, whose closing block comes before <|end_of_msg|>
     'Kimi-K3.jinja':
-        "the template writes 'think<|sep|><|open|>response<|sep|>' before a turn's content",
+        "reasoning is a named block ('<|open|>think<|sep|>' ... '<|close|>think<|sep|>'): a "
+        "turn of named blocks (reasoning, content, calls, arguments) is not derived",
     'MiMo-VL.jinja': None,
     'MiniMax-M2.jinja': None,
     'Mistral-Small-3.2-24B-Instruct-2506.jinja': None,
@@ -93,7 +99,7 @@ DERIVES: dict[str, str | None] = {
     'deepseek-ai-DeepSeek-V3.1.jinja': None,
     'deepseek-ai-DeepSeek-V4.jinja': None,
     'glm_4_5.jinja': None,
-    'google-gemma-4-31B-it.jinja': 'the end of a call with parameters differs from one without',
+    'google-gemma-4-31B-it.jinja': None,
     'ibm-granite-granite-3.3-2B-Instruct.jinja':
         "the template writes no tool calls (a call's name is not in its rendering)",
     'ibm-granite-granite-4.0.jinja': None,
@@ -103,7 +109,7 @@ DERIVES: dict[str, str | None] = {
     'llm-jp-tokenizer-alpha_2.0-chat_template.jinja':
         "reasoning is not opened by a counterpart of '<|end|>'",
     'meetkai-functionary-medium-v3.1.jinja': None,
-    'meetkai-functionary-medium-v3.2.jinja': "the template writes 'all' before a turn's content",
+    'meetkai-functionary-medium-v3.2.jinja': None,
     'meta-llama-Llama-3.1-8B-Instruct.jinja': None,
     'meta-llama-Llama-3.2-3B-Instruct.jinja': None,
     'mistralai-Ministral-3-14B-Reasoning-2512.jinja': None,
@@ -245,8 +251,10 @@ def assert_derived_round_trip(template: str, template_kwargs: dict[str, Any], va
     family = Family(DERIVED, "", lambda: (None, None), "", lambda calls: "",
                     reasoning=reasons, parallel=turn_format.parallel,
                     # a bare JSON call is the whole turn (Phi-4 mini's template writes the
-                    # content or the calls)
-                    content_with_calls=not turn_format.bare,
+                    # content or the calls); content the template writes after the calls is
+                    # not where a model writes it (Gemma 4's)
+                    content_with_calls=not (turn_format.bare
+                                            or turn_format.content_after_calls),
                     values=values if values is not None else VALUES.get(turn_format.values))
     tools, message, calls, content, reasoning = data.draw(turns(family))
     kwargs = {**template_kwargs, "enable_thinking": reasons}
@@ -283,6 +291,8 @@ AGREEMENT_GAPS: dict[tuple[str, str], str] = {
     **{("ministral-3-reasoning", f"reasoning, {label}"): _THINK_BLOCKS for label in SHAPES},
     ("functionary-v3.1", "text"): "the template ends a turn with <|eom_id|> after calls only "
                                   "(else <|eot_id|>); the example ends a text with it",
+    **{("gemma-4", label): "the template ends a turn with <|tool_response> after calls only "
+       "(else <turn|>); the example ends a text with it" for label in ("text", "reasoning, text")},
     **{("apriel-1.5", f"reasoning, {label}"): "the template writes a `thought` field only with "
        "`add_thoughts`, after the content: no reasoning is derived" for label in SHAPES},
     **{("llama3", label): "the template writes one call a turn (it raises on two): the derived "

@@ -41,7 +41,6 @@ DETECTED = {
 FAMILY_OF = {
     "Apriel-1.6-15b-Thinker-fixed.jinja": "apriel-1.5",
     "Kimi-K2-Thinking.jinja": "kimi-k2-thinking",
-    "google-gemma-4-31B-it-interleaved.jinja": "gemma-4",
 }
 # Where the release writes its turns otherwise than the family's data/templates release (what
 # the test cuts out of the rendering as the model's output; the dialect is untouched).
@@ -51,8 +50,6 @@ RENDERING = {
     # 1.5 wants JSON text)
     "Apriel-1.6-15b-Thinker-fixed.jinja": {"turn_start": "\n<|begin_assistant|>\n", "end": "",
                                            "string_arguments": False},
-    # the interleaved template ends a turn of calls with <turn|> (not <|tool_response>)
-    "google-gemma-4-31B-it-interleaved.jinja": {"end": "<turn|>"},
 }
 # Templates that do not read back, and why (the gaps issue 36 allows; each has a test below).
 GAPS = {
