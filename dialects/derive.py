@@ -24,7 +24,7 @@ turn is the text the template writes after the generation prompt; their differen
 * string values between a quote token that ends `param_mid` and starts `param_close` (Gemma 4's
   `key:<|"|>value<|"|>`), other values in that quote's JSON dialect (`quoted_values`);
 * reasoning a template writes before calls only (Gemma 4's), content it writes after the calls
-  (`content_after_calls`), and a content addressed like a call (Functionary v3.2's `all\n`,
+  (`content_after_calls`) or in a turn before theirs (`content_own_turn`), and a content addressed like a call (Functionary v3.2's `all\n`,
   parts separated by `sep`, the prompt opening the first: `addressed`).
 
 A call that is a bare JSON object (no marker before it: Llama 3's, Phi-4 mini's template) is a
@@ -122,10 +122,17 @@ class TurnFormat:
     # True: the template writes a turn's content after its calls (Gemma 4's past turns), where
     # a model writes it before them: the grammar reads content before calls only
     content_after_calls: bool = False
+    # True: the template ends a turn after its content and writes the calls in a turn of their
+    # own (Nemotron Nano v2's), where a model writes both in one: the grammar reads them so
+    content_own_turn: bool = False
     # the text a turn's content is addressed with, as a call with its name (Functionary v3.2's
     # `all\n`): parts of a turn are separated by `sep`, and the generation prompt opens the
     # first (None: the content is not addressed)
     recipient: str | None = None
+    # the longest whitespace the template writes as layout (a turn's start, around its call
+    # section): the strict grammar's framing whitespace reaches that far (vLLM's R1 template
+    # starts a turn with 20 spaces of its own indentation)
+    layout: int = 4
     notes: tuple[str, ...] = field(default=())
 
     @property
@@ -148,6 +155,8 @@ class TurnFormat:
                  f"{show(self.close)}" + ("" if self.parallel else " (one call a turn)")]
         if self.content is not None:
             lines.append(f"content:      {show(self.content[0])} CONTENT {show(self.content[1])}")
+        if self.layout > 4:
+            lines.append(f"layout:       up to {self.layout} whitespace characters")
         if self.recipient is not None:
             lines.append(f"content:      {show(self.recipient)} CONTENT ({show(self.sep)} "
                          f"calls)?, the prompt opening the first part")
@@ -400,9 +409,13 @@ def _derive(template: str, kwargs: tuple[tuple[str, Any], ...]) -> TurnFormat:
         open_, head, tail_one, sep, close = _single_call_layout(section_one)
         notes.append("the template writes one call a turn: parallel calls are off")
     eos = tuple(dict.fromkeys(token for token in (end, ends) if token))
-    after_calls = _content_after_calls(probes.with_call(_CONTENT, content=_CONTENT), eos)
+    beside = probes.with_call(_CONTENT, content=_CONTENT)
+    after_calls = _content_after_calls(beside, eos)
     if after_calls:
         notes.append("the template writes a turn's content after its calls")
+    own_turn = _content_in_own_turn(beside, eos)
+    if own_turn:
+        notes.append("the template writes a turn's content and its calls as two turns")
     if recipient is not None:
         # the prompt opens the first part of the turn: the content's recipient, or a call's
         if (open_ + head).strip() or not sep.strip() or not probes.header.endswith(sep):
@@ -412,7 +425,9 @@ def _derive(template: str, kwargs: tuple[tuple[str, Any], ...]) -> TurnFormat:
     common = {"eos": eos, "think_open": think_open, "think_close": think_close,
               "reasoning_default": default, "open": open_, "sep": sep, "close": close,
               "parallel": bool(two), "content": content, "content_after_calls": after_calls,
-              "recipient": recipient, "notes": tuple(notes)}
+              "content_own_turn": own_turn,
+              "recipient": recipient, "layout": _layout_width(before, _leading_space(one), open_, sep, close),
+              "notes": tuple(notes)}
     if not (open_ or head).strip() and recipient is None:
         raise DerivationError("a turn's calls start with no marker (their name comes first)")
     found = _find_json(head + _NAMES[0] + tail_one, _STRINGS)
@@ -425,11 +440,27 @@ def _derive(template: str, kwargs: tuple[tuple[str, Any], ...]) -> TurnFormat:
     return _params_format(head, tail_one, _section(empty, text, after, end)[0], nested, common)
 
 
+def _layout_width(*framing: str) -> int:
+    """The longest run of whitespace in `framing`, at least the families' bound of 4."""
+    return max([4, *(len(run) for text in framing for run in re.findall(r"[ \t\r\n]+", text))])
+
+
+def _leading_space(text: str) -> str:
+    return text[:len(text) - len(text.lstrip())]
+
+
 def _content_after_calls(turn: str, eos: tuple[str, ...]) -> bool:
     """Whether `turn` (content and a call) writes the content after the call, in the same
     turn (R1's, after an end of turn, is another turn's)."""
     call, content = turn.find(_NAMES[0]), turn.find(_CONTENT)
     return 0 <= call < content and not any(token in turn[call:content] for token in eos)
+
+
+def _content_in_own_turn(turn: str, eos: tuple[str, ...]) -> bool:
+    """Whether `turn` (content and a call) ends a turn after the content and writes the call
+    in the next (Nemotron Nano v2's)."""
+    call, content = turn.find(_NAMES[0]), turn.find(_CONTENT)
+    return 0 <= content < call and any(token in turn[content:call] for token in eos)
 
 
 def _content_framing(before: str, after: str) -> tuple[str, str] | None:
@@ -822,6 +853,7 @@ class DerivedDialect(TurnDialect):
             options["reasoning"] = turn.reasoning_default
         super().__init__(**options)
         self.format = turn
+        self.STRICT_WS = f"[ \\t\\r\\n]{{0,{turn.layout}}}"
         # what a family declares as class attributes, this dialect has from its format
         self.reasons = turn.think_close is not None
         self.raw_until = turn.quote or turn.param_close.rstrip() \

@@ -149,19 +149,9 @@ def test_which_templates_derive() -> None:
     assert {name: _outcome(name) for name in TEMPLATES} == DERIVES
 
 
-# Templates that derive but whose renderings do not all read back yet, and why (issue 36).
-ROUND_TRIP_GAPS = {
-    "NVIDIA-Nemotron-Nano-v2.jinja": "content beside calls is written in an assistant turn of "
-                                     "its own",
-    "vllm-tool_chat_template_deepseekr1.jinja":
-        "the template indents the calls 20 spaces, past the strict framing whitespace",
-}
-DERIVED_TEMPLATES = [name for name in TEMPLATES
-                     if DERIVES.get(name) is None and name not in ROUND_TRIP_GAPS]
-
-
-def test_the_gaps_are_templates_that_derive() -> None:
-    assert all(DERIVES[name] is None for name in ROUND_TRIP_GAPS)
+# Every template that derives reads its renderings back (the last two gaps, R1's indentation
+# and Nemotron Nano v2's content in a turn of its own, closed in issue 36).
+DERIVED_TEMPLATES = [name for name in TEMPLATES if DERIVES.get(name) is None]
 
 
 def _dialect(name: str) -> DerivedDialect:
@@ -252,9 +242,11 @@ def assert_derived_round_trip(template: str, template_kwargs: dict[str, Any], va
                     reasoning=reasons, parallel=turn_format.parallel,
                     # a bare JSON call is the whole turn (Phi-4 mini's template writes the
                     # content or the calls); content the template writes after the calls is
-                    # not where a model writes it (Gemma 4's)
+                    # not where a model writes it (Gemma 4's), nor is a turn of its own
+                    # before the calls' (Nemotron Nano v2's)
                     content_with_calls=not (turn_format.bare
-                                            or turn_format.content_after_calls),
+                                            or turn_format.content_after_calls
+                                            or turn_format.content_own_turn),
                     values=values if values is not None else VALUES.get(turn_format.values))
     tools, message, calls, content, reasoning = data.draw(turns(family))
     kwargs = {**template_kwargs, "enable_thinking": reasons}
@@ -477,3 +469,18 @@ def test_a_template_that_writes_one_call_a_turn_derives_one_call_a_turn() -> Non
                                                   "function": {"name": "get_weather"}})
     assert not dialect.grammar(named).matches(one)
     assert summary(dialect.parse(one)) == ([("get_time", {"zone": "JST"})], "", "")
+
+
+def test_a_templates_own_indentation_is_framing_whitespace() -> None:
+    """vLLM's R1 template starts a turn with 20 spaces of its Jinja indentation: the derived
+    format measures it, and the strict grammar takes that much framing whitespace (the
+    families' bound of 4 would refuse the template's own turns), and no more."""
+    dialect = _dialect("vllm-tool_chat_template_deepseekr1.jinja")
+    assert dialect.format.layout == 20
+    strict = dialect.grammar(ChatRequest(tools=TOOLS))
+    call = ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n"
+            '```json\n{"zone": "JST"}\n```<｜tool▁call▁end｜>        <｜tool▁calls▁end｜>'
+            "<｜end▁of▁sentence｜>")
+    assert strict.matches(" " * 20 + call)
+    assert not strict.matches(" " * 21 + call)
+    assert _dialect("Qwen-Qwen3-0.6B.jinja").format.layout == 4
