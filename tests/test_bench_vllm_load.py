@@ -5,6 +5,7 @@ and publishability from made-up phases."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 from types import SimpleNamespace
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 
 from pegmask.bench.vllm_check import (
+    SCHEMAS,
     TIME,
     WEATHER,
     answer_valid,
@@ -19,6 +21,7 @@ from pegmask.bench.vllm_check import (
     calls_valid,
     load_report,
     load_schema,
+    load_warm_up,
     numbers,
 )
 
@@ -83,3 +86,27 @@ def test_numbers() -> None:
     assert numbers("1,8,32") == [1, 8, 32]
     with pytest.raises(argparse.ArgumentTypeError):
         numbers("0,8")
+
+
+def test_the_warm_up_compiles_every_grammar_on_both_sides() -> None:
+    """Before the timed phases, each side gets one request per JSON schema and one tool call,
+    at the given budget: no phase pays a grammar's first compile."""
+    sent: list[dict[str, Any]] = []
+
+    async def create(**options: Any) -> None:
+        sent.append(options)
+
+    client = SimpleNamespace(chat=SimpleNamespace(completions=SimpleNamespace(create=create)))
+    array_schema = {"type": "array"}
+    count = asyncio.run(load_warm_up(client, array_schema, 16))
+    assert count == len(sent) == 2 * (len(SCHEMAS) + 1)
+    assert {option["max_tokens"] for option in sent} == {16}
+    xargs = [json.loads(option["extra_body"]["vllm_xargs"]["pegmask"])["json_schema"]
+             for option in sent if "extra_body" in option]
+    formats = [option["response_format"]["json_schema"]["schema"] for option in sent
+               if "response_format" in option]
+    schemas = [load_schema(i) for i in range(len(SCHEMAS))]
+    assert xargs == schemas  # pegmask's side, each schema once
+    assert formats == [*schemas, array_schema]  # xgrammar's, and its call array
+    tools = [option for option in sent if option.get("tool_choice") == "required"]
+    assert len(tools) == 2
