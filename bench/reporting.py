@@ -1,5 +1,5 @@
-"""What every bench report states and how it is written: the machine, the package versions, the
-checkout measured, and the files (markdown printed and saved, JSON beside it) under
+"""What every bench report states and how it is written: the machine (and waiting for it to be
+idle), the package versions, the checkout measured, and the files (markdown printed and saved, JSON beside it) under
 bench/results/."""
 
 from __future__ import annotations
@@ -11,13 +11,15 @@ import os
 import platform
 import subprocess
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 PEER_PACKAGES = ("xgrammar", "llguidance", "outlines_core")
 MODEL_PACKAGES = ("transformers", "tokenizers", "numpy", "torch")
+SETTLE_TIMEOUT_S = 300.0  # longest wait for the load average to come down (`settle`)
 
 
 def checkout_state() -> str:
@@ -98,6 +100,17 @@ def publish(report: str, out: Path | None) -> None:
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(report, encoding="utf-8")
+
+
+def settle(bound: Callable[[], float], timeout_s: float = SETTLE_TIMEOUT_S) -> None:
+    """Wait until the 1-minute load average is at most `bound()` (a bench's start limit, or a
+    phase's own share plus a margin). A server's start-up (vLLM's takes a minute of both
+    cores), a test step just before, or a job that has just ended lingers in that average for
+    minutes; without this a load check would fail a run for work that was over, not for other
+    jobs. Gives up after `timeout_s`: the check then says so."""
+    deadline = time.monotonic() + timeout_s
+    while os.getloadavg()[0] > bound() and time.monotonic() < deadline:
+        time.sleep(2.0)
 
 
 def write_json(data: Any, out: Path) -> None:

@@ -60,7 +60,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,6 +67,7 @@ from typing import Any
 import httpx
 
 from pegmask.bench import plots, reporting
+from pegmask.bench.reporting import SETTLE_TIMEOUT_S, settle
 from pegmask.bench.serve_bench import (
     MODES,
     QUESTIONS,
@@ -89,7 +89,6 @@ CHAT_TOOLS = [{"type": "function", "function": tool} for tool in TOOLS]
 START_LOAD_LIMIT = 0.5  # 1-minute load average before anything starts
 PHASE_LOAD_MARGIN = 1.0  # above the bench's own estimate, at a phase's start
 OTHER_CORES_LIMIT = 0.1  # cores used outside the server and the bench, averaged over a phase
-SETTLE_TIMEOUT_S = 300.0  # longest wait for the load average to come down (start, each phase)
 TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -338,17 +337,6 @@ async def drive(url: str, model: str, mode: str, clients: int, requests: int,
         per_client = await asyncio.gather(*(measured(index) for index in range(clients)))
         wall = time.perf_counter() - start
     return [sample for samples in per_client for sample in samples], wall
-
-
-def settle(bound: Callable[[], float], timeout_s: float = SETTLE_TIMEOUT_S) -> None:
-    """Wait until the 1-minute load average is at most `bound()`: before the first server
-    starts, the start limit; before each phase, the bench's own share plus the margin. A
-    server's start-up (vLLM's takes a minute of both cores), or a job that has just ended,
-    lingers in that average for minutes; without this the check would fail a run for work that
-    was over, not for other jobs. Gives up after `timeout_s`: the check then says so."""
-    deadline = time.monotonic() + timeout_s
-    while os.getloadavg()[0] > bound() and time.monotonic() < deadline:
-        time.sleep(2.0)
 
 
 def run_phase(server: Server, clients: int, mode: str, args: argparse.Namespace,

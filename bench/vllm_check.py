@@ -17,6 +17,7 @@ max_tokens, the 1-minute load average (a run that starts above 1.0 is marked not
 
     python -m pegmask.bench.vllm_check --model-dir DIR --port 8011 [--runner v1|v2|auto]
         [--load 1,8,32 [--load-budgets 16,32,128] [--load-requests 8] [--load-only]]
+        [--settle-timeout 300]
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from pegmask.bench.data import JSONSCHEMA_DIR
+from pegmask.bench.reporting import SETTLE_TIMEOUT_S, settle
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PROCESSOR = "pegmask.integrations.vllm.logits:PegmaskLogitsProcessor"
@@ -553,6 +555,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="requests a load phase sends at least (N where N is more)")
     parser.add_argument("--load-only", action="store_true",
                         help="the load table without the one-at-a-time checks")
+    parser.add_argument("--settle-timeout", type=float, default=SETTLE_TIMEOUT_S,
+                        help="seconds to wait at the start for the load average to come down "
+                        f"to {PUBLISHABLE_LOAD} (the tests run just before, say)")
     args = parser.parse_args(argv)
     if args.load_only and not args.load:
         parser.error("--load-only needs --load")
@@ -563,6 +568,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import vllm
 
+    settle(lambda: PUBLISHABLE_LOAD, args.settle_timeout)  # (scripts/vllm_check.sh's tests)
     start_load = os.getloadavg()[0]
     convert(args.model_dir)
     results: dict[str, Any] = {"vllm": vllm.__version__, "torch": torch.__version__,

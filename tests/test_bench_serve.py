@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from pegmask.bench import reporting
+from pegmask.bench.reporting import settle
 from pegmask.bench.serve_bench import Sample
 from pegmask.bench.serve_compare import (
     Phase,
@@ -19,7 +20,6 @@ from pegmask.bench.serve_compare import (
     _changes,
     parse_peers,
     report,
-    settle,
     verdict,
 )
 from pegmask.cli import main as cli
