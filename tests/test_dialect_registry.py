@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from pegmask.bench.data import TEMPLATES_DIR
-from pegmask.dialects import cohere_xml, gemma, minimax_m3, registry
+from pegmask.dialects import cohere_xml, gemma, minimax_m3, quoted_values, registry
 from pegmask.dialects.base import Dialect, TurnDialect, value_readers
 
 # The detection order the registry had as a hand-written list.
@@ -33,8 +33,11 @@ def test_the_families_are_found_in_their_declared_priority_order() -> None:
 
 
 def test_the_value_readers_come_from_the_families() -> None:
+    """The families' readers, and the derived dialect's (a derived Gemma-style quoted-value
+    format: the engine parses with the grammar alone, so its tag must be known)."""
     assert value_readers() == {"gemma": gemma.read_value, "m3": minimax_m3.read_value,
-                               "cofl": cohere_xml.read_value}
+                               "cofl": cohere_xml.read_value,
+                               "quoted": quoted_values.read_value}
 
 
 def test_a_family_declares_its_own_priority() -> None:
