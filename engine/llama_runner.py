@@ -12,8 +12,8 @@ without copying every row, and on CPUs the products it issues (float32, one per 
 * every token of every sequence in a step is one row of the same products (a prompt chunk of
   one sequence next to the sampled and forced tokens of each other sequence); attention reads
   each cache once a step (`_AttentionPlan`): a saved prompt prefix shared by sequences once for
-  all of them (cascade attention), one-token rows in one call, forced chunks in another, one
-  call per prompt chunk;
+  all of their sampled and forced tokens (cascade attention), the other one-token rows in one
+  call, forced chunks in another, one call per prompt chunk;
 * the KV cache is one tensor per layer with a slot per sequence, `(slots, kv_heads, time,
   head_dim)`; a sequence that leaves gives its slot to the last one, so the live slots are
   always a prefix and attention reads runs of slots in place.
@@ -264,9 +264,9 @@ class LlamaRunner:
         tokens, slot_of_token, position = (t.to(device) for t in (tokens, slot_of_token, position))
         cos, sin = w.cos[position][:, None], w.sin_signed[position][:, None]
         cascade = device.type == "cpu"
-        prefixes = [self._prefix.get(seq) if cascade and len(tokens) == 1 else None
+        prefixes = [self._prefix.get(seq) if cascade and len(tokens) <= BATCHED_CHUNK else None
                     for seq, tokens in chunks]
-        plan = _AttentionPlan(slots, starts, sizes, prefixes, device)
+        plan = _AttentionPlan(slots, starts, sizes, prefixes, w.heads // w.kv_heads, device)
 
         x = F.embedding(tokens, w.embed)
         heads, kv_heads, dim, eps = w.heads, w.kv_heads, w.head_dim, w.eps
@@ -364,16 +364,16 @@ def _slots_read(slots: list[int], device: torch.device) -> slice | torch.Tensor:
 
 class _AttentionPlan:
     """How the packed rows of one forward attend, each kind in as few calls as it can: the
-    one-token rows of sequences that began with the same saved prefix together
-    (`_SharedPrefix`); the other one-token rows (decoding) in one `_Batch`; the chunks a grammar
-    forces (a sampled token and the tokens after it, `BATCHED_CHUNK` at most) in another, padded
+    chunks of at most `BATCHED_CHUNK` tokens (a sampled token and those a grammar forces after
+    it) of sequences that began with the same saved prefix together (`_SharedPrefix`); the
+    other one-token rows (decoding) in one `_Batch`; the other forced chunks in another, padded
     to the longest of them (padding every row to it made one jump-forward cost each row up
     to 16 queries; a call per forced chunk made constrained rows cost several times plain
     ones); each longer chunk (a prompt chunk) in a call of its own. Built once per forward,
-    used by every layer."""
+    used by every layer. `group`: query heads per key/value head."""
 
     def __init__(self, slots: list[int], starts: list[int], sizes: list[int],
-                 prefixes: list[torch.Tensor | None], device: torch.device):
+                 prefixes: list[torch.Tensor | None], group: int, device: torch.device):
         rows = [0]
         for size in sizes:
             rows.append(rows[-1] + size)
@@ -382,11 +382,13 @@ class _AttentionPlan:
         for i, prefix in enumerate(prefixes):
             if prefix is not None:
                 sharing.setdefault(id(prefix), []).append(i)
-        self.shared = [_SharedPrefix(prefixes[group[0]], [rows[i] for i in group],
-                                     [slots[i] for i in group], [starts[i] for i in group])
-                       for group in sharing.values()]
+        self.shared = [_SharedPrefix(prefixes[members[0]], [rows[i] for i in members],
+                                     [slots[i] for i in members], [starts[i] for i in members],
+                                     [sizes[i] for i in members], group)
+                       for members in sharing.values()]
         single = [i for i, size in enumerate(sizes) if size == 1 and prefixes[i] is None]
-        forced = [i for i, size in enumerate(sizes) if 1 < size <= BATCHED_CHUNK]
+        forced = [i for i, size in enumerate(sizes)
+                  if 1 < size <= BATCHED_CHUNK and prefixes[i] is None]
         self.batches = [_Batch.of(members, rows, slots, starts, sizes, device)
                         for members in (single, forced) if members]
         self.chunks = []
@@ -414,45 +416,69 @@ class _AttentionPlan:
 
 
 class _SharedPrefix:
-    """Cascade attention for the one-token rows of sequences that began with the same saved
-    prefix (a chat server's system prompt and tool definitions, `engine/prefix_cache.py`):
-    all rows' queries attend to the prefix in one call that reads it once, and each row's to
-    its own tokens after it, in its slot; the two parts are merged by their log-sum-exp.
+    """Cascade attention for the short chunks (a sampled token, and the tokens a grammar forces
+    after it) of sequences that began with the same saved prefix (a chat server's system prompt
+    and tool definitions, `engine/prefix_cache.py`): all their queries attend to the prefix in
+    one call that reads it once, and each chunk's queries to the chunk's own tokens after it,
+    in its slot, padded to the longest chunk; the two parts are merged by their log-sum-exp.
     Attention on a CPU is bound by reading the cache: read per row, a 256-token tool block made
-    a tool-call row's step cost 3x a plain one's at 32 rows. The query heads that share a
-    key/value head are that head's queries, so neither call repeats keys for grouped-query
-    attention. CPU only (the attention kernel that returns the log-sum-exp is the CPU one)."""
+    a tool-call row's step cost 3x a plain one's at 32 rows, and forced chunks that read it per
+    row cost a tool-call step a sixth of its time. The query heads that share a key/value head
+    are that head's queries, so neither call repeats keys for grouped-query attention. CPU only
+    (the attention kernel that returns the log-sum-exp is the CPU one)."""
 
     def __init__(self, prefix: torch.Tensor, rows: list[int], slots: list[int],
-                 starts: list[int]):
+                 starts: list[int], sizes: list[int], group: int):
         self.prefix = prefix  # (layers, 2, kv_heads, length, head_dim)
         self.begin = prefix.shape[-2]
-        self.end = max(starts) + 1
-        self.rows = torch.tensor(rows, dtype=torch.long)
+        self.end = max(start + size for start, size in zip(starts, sizes, strict=True))
+        self.queries = max(sizes)  # per chunk, padded
+        self.tokens = torch.tensor([row + j for row, size in zip(rows, sizes, strict=True)
+                                    for j in range(size)], dtype=torch.long)
+        # token t is query offsets[t] of chunk entries[t]
+        self.entries = torch.tensor([k for k, size in enumerate(sizes) for _ in range(size)],
+                                    dtype=torch.long)
+        self.offsets = torch.tensor([j for size in sizes for j in range(size)], dtype=torch.long)
         self.slots = _slots_read(slots, torch.device("cpu"))
-        # a row's own part: from the prefix's end to its new token (at position `start`)
-        hidden = torch.arange(self.begin, self.end)[None, :] > torch.tensor(starts)[:, None]
-        self.mask = torch.zeros(hidden.shape).masked_fill_(hidden, float("-inf"))[:, None, None]
+        # a chunk's own part: from the prefix's end to its query's position (query j of a chunk
+        # at `start` is at start + j; a padding query sees its chunk's, ignored); the own-part
+        # queries of a chunk are its (query, head of the group) pairs, query-major
+        seen = torch.tensor(starts)[:, None] + torch.arange(self.queries)[None, :]
+        hidden = torch.arange(self.begin, self.end)[None, None, :] > seen[:, :, None]
+        mask = torch.zeros(hidden.shape).masked_fill_(hidden, float("-inf"))
+        self.mask = mask.repeat_interleave(group, dim=1)[:, None] if self.queries > 1 \
+            else mask[:, None]  # one query per chunk: the group's heads share its row
 
     def attend(self, layer: int, q: torch.Tensor, cache_k: torch.Tensor,
                cache_v: torch.Tensor, scale: float, out: torch.Tensor) -> None:
-        rows, (heads, dim), kv_heads = len(self.rows), q.shape[1:], cache_k.shape[1]
-        group = heads // kv_heads
-        query = q[self.rows].view(rows, kv_heads, group, dim)  # query head h: kv head h // group
+        count, (heads, dim), kv_heads = len(self.tokens), q.shape[1:], cache_k.shape[1]
+        chunks, queries, group = len(self.mask), self.queries, heads // kv_heads
+        query = q[self.tokens].view(count, kv_heads, group, dim)  # query head h: kv head h // group
         prefix_out, prefix_lse = _flash_attention(
-            query.transpose(0, 1).reshape(1, kv_heads, rows * group, dim),
+            query.transpose(0, 1).reshape(1, kv_heads, count * group, dim),
             self.prefix[layer, 0][None], self.prefix[layer, 1][None], scale=scale)
-        prefix_out = prefix_out.view(kv_heads, rows, group, dim).transpose(0, 1)
-        prefix_lse = prefix_lse.view(kv_heads, rows, group).transpose(0, 1)
+        prefix_out = prefix_out.view(kv_heads, count, group, dim).transpose(0, 1)
+        prefix_lse = prefix_lse.view(kv_heads, count, group).transpose(0, 1)
+        if queries > 1:
+            padded = query.new_zeros((chunks, queries, kv_heads, group, dim))
+            padded[self.entries, self.offsets] = query
+            own_query = padded.transpose(1, 2).reshape(chunks, kv_heads, queries * group, dim)
+        else:
+            own_query = query
         own_out, own_lse = _flash_attention(
-            query, cache_k[:, :, self.begin : self.end][self.slots],
+            own_query, cache_k[:, :, self.begin : self.end][self.slots],
             cache_v[:, :, self.begin : self.end][self.slots], attn_mask=self.mask, scale=scale)
+        if queries > 1:  # back to (token, kv head, group, ...)
+            own_out = own_out.view(chunks, kv_heads, queries, group, dim).transpose(1, 2)[
+                self.entries, self.offsets]
+            own_lse = own_lse.view(chunks, kv_heads, queries, group).transpose(1, 2)[
+                self.entries, self.offsets]
         top = torch.maximum(prefix_lse, own_lse)
         prefix_weight = (prefix_lse - top).exp_()[..., None]
         own_weight = (own_lse - top).exp_()[..., None]
         merged = (prefix_out * prefix_weight + own_out * own_weight) / (prefix_weight
                                                                        + own_weight)
-        out[self.rows] = merged.reshape(rows, heads, dim)
+        out[self.tokens] = merged.reshape(count, heads, dim)
 
 
 # (output, log-sum-exp of each query's scores): what merging two parts of attention needs

@@ -24,18 +24,21 @@ def prompt(seed: int, length: int) -> list[int]:
     return [int(t) for t in torch.randint(100, 40_000, (length,), generator=generator)]
 
 
-def prefill(runner, seq: int, tokens: list[int], start: int) -> torch.Tensor:
-    """The rest of a prompt in the chunks the scheduler cuts (block boundaries); last logits."""
+def prefill(cache: PrefixCache, runner, seq: int, tokens: list[int],
+            start: int) -> torch.Tensor:
+    """The rest of a prompt as the scheduler feeds it: in chunks cut at block boundaries, each
+    block kept as soon as it is in; the last logits."""
     for first in range(start, len(tokens), BLOCK):
         logits = runner.forward([(seq, tokens[first:first + BLOCK])])
+        cache.keep(seq, tokens[:first + BLOCK])
     return logits[0]
 
 
 def serve(cache: PrefixCache, runner, tokens: list[int]) -> None:
-    """One request's prompt: started from the cache, the rest prefilled, kept; then it leaves."""
+    """One request's prompt: started from the cache, the rest prefilled and kept; then it
+    leaves."""
     seq, start = cache.start(tokens)
-    prefill(runner, seq, tokens, start)
-    cache.keep(seq, tokens)
+    prefill(cache, runner, seq, tokens, start)
     runner.remove(seq)
 
 
@@ -44,13 +47,12 @@ def test_a_repeated_prompt_reuses_its_whole_blocks_and_decodes_exactly_the_same(
     tokens = prompt(0, 40)
     seq, cached = cache.start(tokens)
     assert cached == 0
-    fresh = prefill(runner, seq, tokens, 0)
-    cache.keep(seq, tokens)
+    fresh = prefill(cache, runner, seq, tokens, 0)
     step = runner.forward([(seq, [5])])
     runner.remove(seq)  # the next request comes after this one
     again, cached = cache.start(tokens)
     assert cached == 32 and runner.length(again) == 32  # 40 tokens: two whole blocks
-    assert torch.equal(prefill(runner, again, tokens, cached), fresh)
+    assert torch.equal(prefill(cache, runner, again, tokens, cached), fresh)
     assert torch.equal(runner.forward([(again, [5])]), step)
 
 

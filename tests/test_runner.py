@@ -160,15 +160,16 @@ def test_a_saved_prefix_restores_as_a_sequence_of_its_tokens(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", ["llama", "qwen3"])
-def test_one_token_steps_after_a_shared_prefix_match_transformers(name: str,
-                                                                 monkeypatch) -> None:
+def test_short_chunks_after_a_shared_prefix_match_transformers(name: str, monkeypatch) -> None:
     """Sequences that began with one saved prefix (the one it was saved from, two restored,
-    one forked) decode one token at a time beside a sequence without it: the prefix is read
-    once for all of them (cascade attention), and every row's logits stay transformers'."""
-    rows_sharing: list[int] = []
+    one forked) decode a sampled token, or one with the tokens a grammar forces after it,
+    beside a sequence without it: the prefix is read once for all of them (cascade attention),
+    and every row's logits stay transformers'."""
+    shared: list[tuple[int, int]] = []  # per forward: (chunks, tokens) reading the prefix once
     attend = _SharedPrefix.attend
     monkeypatch.setattr(_SharedPrefix, "attend", lambda self, layer, *args: (
-        rows_sharing.append(len(self.rows)) if layer == 0 else None, attend(self, layer, *args)))
+        shared.append((len(self.mask), len(self.tokens))) if layer == 0 else None,
+        attend(self, layer, *args)))
     model = tiny_model(name)
     runner = LlamaRunner(LlamaWeights(model, fp16_weights=False))
     reference = TransformersRunner(model, torch.device("cpu"))
@@ -180,14 +181,16 @@ def test_one_token_steps_after_a_shared_prefix_match_transformers(name: str,
     runner.forward([(restored[0], [prompt[8], 3]), (restored[1], [prompt[8]])])
     seqs = [first, plain, *restored, runner.fork(restored[1])]
     histories = [prompt, [2, 4, 6], [*prompt, 3], prompt, prompt]
-    for step in range(3):
-        tokens = [5 + (step + k) % 4 for k in range(len(seqs))]
-        ours = runner.forward([(seq, [token]) for seq, token in zip(seqs, tokens, strict=True)])
-        for k, token in enumerate(tokens):
-            histories[k] = [*histories[k], token]
+    sizes = [(1, 1, 1, 1, 1), (3, 1, 1, 4, 2), (1, 2, 5, 1, 1)]
+    for step, step_sizes in enumerate(sizes):
+        chunks = [[5 + (step + k + j) % 4 for j in range(size)]
+                  for k, size in enumerate(step_sizes)]
+        ours = runner.forward(list(zip(seqs, chunks, strict=True)))
+        for k, chunk in enumerate(chunks):
+            histories[k] = [*histories[k], *chunk]
             fresh = reference.add()
             expected = reference.forward([(fresh, histories[k])])
             reference.remove(fresh)
             torch.testing.assert_close(ours[k : k + 1], expected, rtol=1e-4, atol=1e-4)
-    # the prompt's last token of the second restored sequence, then all but the plain one
-    assert rows_sharing == [1, 4, 4, 4]
+    # the restored sequences' prompt ends, then every step's chunks but the plain sequence's
+    assert shared == [(2, 3), (4, 4), (4, 10), (4, 8)]
