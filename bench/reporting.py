@@ -1,6 +1,6 @@
 """What every bench report states and how it is written: the machine (and waiting for it to be
-idle), the package versions, the checkout measured, and the files (markdown printed and saved, JSON beside it) under
-bench/results/."""
+idle), the package versions, the checkout measured, and the files (markdown printed and saved,
+JSON beside it) under bench/results/."""
 
 from __future__ import annotations
 

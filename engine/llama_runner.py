@@ -416,11 +416,12 @@ class _AttentionPlan:
 
 
 class _SharedPrefix:
-    """Cascade attention for the short chunks (a sampled token, and the tokens a grammar forces
-    after it) of sequences that began with the same saved prefix (a chat server's system prompt
-    and tool definitions, `engine/prefix_cache.py`): all their queries attend to the prefix in
-    one call that reads it once, and each chunk's queries to the chunk's own tokens after it,
-    in its slot, padded to the longest chunk; the two parts are merged by their log-sum-exp.
+    """Cascade attention for the short chunks (a sampled token and the tokens a grammar forces
+    after it, or a prompt's last few tokens after its restored prefix) of sequences that began
+    with the same saved prefix (a chat server's system prompt and tool definitions,
+    `engine/prefix_cache.py`): all their queries attend to the prefix in one call that reads it
+    once, and each chunk's queries to the chunk's own tokens after it, in its slot, padded to
+    the longest chunk; the two parts are merged by their log-sum-exp.
     Attention on a CPU is bound by reading the cache: read per row, a 256-token tool block made
     a tool-call row's step cost 3x a plain one's at 32 rows, and forced chunks that read it per
     row cost a tool-call step a sixth of its time. The query heads that share a key/value head
