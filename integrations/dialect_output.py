@@ -13,6 +13,7 @@ parser reads it as a whole output.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pegmask.dialects import ChatRequest, Dialect
@@ -38,15 +39,60 @@ def inside_reasoning(dialect: Dialect, text: str, request: ChatRequest | None = 
     (`Dialect.reasoning_mode`). None where that leaves it to the output (a detected mode)."""
     if not dialect.reasons:
         return False
-    delimiters = dialect.reasoning_delimiters()
-    if delimiters is not None:
-        opening, closing = delimiters
-        opened = text.rfind(opening)
-        closed = text.rfind(closing) if closing != opening else -1
-        if opened >= 0 or closed >= 0:
-            return opened > closed
+    last = last_reasoning_marker(dialect, text)
+    if last is not None:
+        return last
     return dialect.reasoning_mode(
         dataclasses.replace(request or ChatRequest(), generation_prompt=text))
+
+
+def last_reasoning_marker(dialect: Dialect, text: str) -> bool | None:
+    """Whether the last of the dialect's textual reasoning markers in `text` opens reasoning
+    (True) or closes it (False); None where `text` holds neither or the dialect spells none."""
+    delimiters = dialect.reasoning_delimiters() if dialect.reasons else None
+    if delimiters is None:
+        return None
+    opening, closing = delimiters
+    opened = text.rfind(opening)
+    closed = text.rfind(closing) if closing != opening else -1
+    if opened < 0 and closed < 0:
+        return None
+    return opened > closed
+
+
+class ReasoningMarkerTail:
+    """`last_reasoning_marker` of growing token ids (a rendered prompt, then prompt + output
+    after each decode step), reading only the ids added since the last call.
+
+    Why: vLLM's structured-output gate asks whether reasoning ended with all ids so far at
+    every step until it has; decoding them all each time made a long reasoning cost quadratic
+    time. Where the ids extend those of the last call, only their new ids and the few before
+    them that a marker could start in are decoded: a marker there decides, else the answer
+    stands. Other ids (a shorter prefix, another sequence) are read whole.
+    """
+
+    def __init__(self, dialect: Dialect, decode: Callable[[list[int]], str]):
+        self._dialect, self._decode = dialect, decode
+        delimiters = dialect.reasoning_delimiters() if dialect.reasons else None
+        # ids a marker can span: each spells at least one byte, a character at most four
+        self._overlap = 4 * max(map(len, delimiters)) if delimiters else 0
+        self._ids: list[int] | None = None  # the last call's ids
+        self._last: bool | None = None  # and its answer
+
+    def last(self, ids: Sequence[int]) -> bool | None:
+        if not self._overlap:
+            return None
+        ids = list(ids)
+        known = self._ids
+        if known is not None and len(ids) >= len(known) and ids[:len(known)] == known:
+            window = self._decode(ids[max(0, len(known) - self._overlap):])
+            found = last_reasoning_marker(self._dialect, window)
+            if found is not None:
+                self._last = found
+        else:
+            self._last = last_reasoning_marker(self._dialect, self._decode(ids))
+        self._ids = ids
+        return self._last
 
 
 class _Start:

@@ -15,7 +15,13 @@ from vocabularies import smollm2_tokenizer
 from pegmask.dialects import ChatRequest, dialect_names
 from pegmask.grammars.program import SPECIAL_BASE
 from pegmask.integrations.constraints import dialect_named
-from pegmask.integrations.dialect_output import ReasoningSplit, inside_reasoning, rest_dialect
+from pegmask.integrations.dialect_output import (
+    ReasoningMarkerTail,
+    ReasoningSplit,
+    inside_reasoning,
+    last_reasoning_marker,
+    rest_dialect,
+)
 
 TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {
     "type": "object", "properties": {"q": {"type": "string"}, "n": {"type": "integer"}},
@@ -161,3 +167,54 @@ def test_without_a_marker_the_prompt_state_decides() -> None:
     # a dialect that does not reason has no reasoning to be inside, whatever the text says
     assert not any(inside_reasoning(dialect_named(name), prompt + "<think>\n") is not False
                    for name in dialect_names() if not dialect_named(name).reasons)
+
+
+PIECES = ["<think>", "</think>", "<seed:think>", "</seed:think>", "<|START_THINKING|>",
+          "<|END_THINKING|>", "[THINK]", "[/THINK]", "\n", " hmm", "think", "</", ">", "é",
+          "｜", "思考", "<|im_end|>"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(name=st.sampled_from(["hermes", "seed-oss", "cohere", "mistral"]),
+       pieces=st.lists(st.sampled_from(PIECES), max_size=40),
+       steps=st.lists(st.integers(1, 6), min_size=1, max_size=40))
+def test_the_marker_tail_of_growing_ids_is_that_of_their_whole_text(
+        name: str, pieces: list[str], steps: list[int]) -> None:
+    """Fed a prompt's ids and then a few more at a time (as vLLM's structured-output gate
+    asks), the tail reads only the new ids and the few a marker can start in, and answers what
+    the whole text's last marker says, markers cut across tokens and multi-byte text included."""
+    tokenizer = smollm2_tokenizer()
+    dialect = dialect_named(name, True)
+    decoded: list[int] = []
+
+    def decode(ids: list[int]) -> str:
+        decoded.append(len(ids))
+        return tokenizer.decode(ids, skip_special_tokens=False)
+
+    tail = ReasoningMarkerTail(dialect, decode)
+    ids = tokenizer.encode(smollm2_prompt() + "".join(pieces), add_special_tokens=False)
+    overlap = 4 * max(map(len, dialect.reasoning_delimiters()))
+    end, sizes = len(tokenizer.encode(smollm2_prompt(), add_special_tokens=False)), []
+    while True:
+        whole = tokenizer.decode(ids[:end], skip_special_tokens=False)
+        assert tail.last(ids[:end]) is last_reasoning_marker(dialect, whole)
+        if end == len(ids):
+            break
+        sizes.append(steps[len(sizes) % len(steps)])
+        end = min(len(ids), end + sizes[-1])
+    assert all(read <= overlap + size for read, size in zip(decoded[1:], sizes, strict=True))
+
+
+def test_the_marker_tail_reads_other_ids_whole() -> None:
+    """Ids that do not extend the last call's (a shorter prefix, another sequence) are read
+    whole, and a dialect that spells no markers decodes nothing."""
+    tokenizer = smollm2_tokenizer()
+    decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=False)  # noqa: E731
+    tail = ReasoningMarkerTail(dialect_named("hermes", True), decode)
+    opened = tokenizer.encode(smollm2_prompt() + "<think>\nhmm", add_special_tokens=False)
+    closed = tokenizer.encode(smollm2_prompt() + "<think>\nhmm\n</think>\n\nOk",
+                              add_special_tokens=False)
+    assert tail.last(closed) is False
+    assert tail.last(opened) is True  # not an extension of `closed`
+    assert tail.last(closed[:3]) is None
+    assert ReasoningMarkerTail(dialect_named("harmony"), None).last(closed) is None

@@ -53,7 +53,11 @@ from pegmask.dialects import (
 )
 from pegmask.grammars import ParseError
 from pegmask.integrations.constraints import dialect_named
-from pegmask.integrations.dialect_output import ReasoningSplit, inside_reasoning
+from pegmask.integrations.dialect_output import (
+    ReasoningMarkerTail,
+    ReasoningSplit,
+    inside_reasoning,
+)
 from pegmask.integrations.vllm import parser_class_name
 
 XARGS_KEY = "pegmask"
@@ -175,6 +179,7 @@ class PegmaskReasoningParser(ReasoningParser):
             self.dialect_name, dialect_options(self.dialect_name, template).get("reasoning"))
         self._split = ReasoningSplit(self.dialect, self.request)
         self._handed = 0  # characters of the rest already handed to the tool phase
+        self._markers = ReasoningMarkerTail(self.template_dialect, self._decode)
 
     def adjust_request(self, request: Any) -> Any:
         if hasattr(request, "skip_special_tokens"):
@@ -185,7 +190,7 @@ class PegmaskReasoningParser(ReasoningParser):
         """A stream's rendered prompt (vLLM hands it where `is_reasoning_end` found the prompt
         still inside reasoning): its tail says how the output starts (`generation_prompt`).
         `extract_reasoning` of a whole output gets no prompt: it reads the request's switches."""
-        prompt = self.model_tokenizer.decode(list(prompt_token_ids), skip_special_tokens=False)
+        prompt = self._decode(prompt_token_ids)
         self.request = dataclasses.replace(self.request, generation_prompt=prompt)
         self._split = ReasoningSplit(self.dialect, self.request)
 
@@ -227,8 +232,12 @@ class PegmaskReasoningParser(ReasoningParser):
         marker, else the prompt's state under the model's template: ended where it does not
         reason or closed an empty block). Where that leaves it to the output (a detected mode,
         or a dialect without textual markers), the ids are read as an output: a prompt has
-        not ended, an output without reasoning has at once."""
-        text = self.model_tokenizer.decode(list(input_ids), skip_special_tokens=False)
+        not ended, an output without reasoning has at once. vLLM asks again with one step's
+        more ids each time: a marker is looked for in the new ids only (`ReasoningMarkerTail`)."""
+        last = self._markers.last(input_ids)
+        if last is not None:
+            return not last
+        text = self._decode(input_ids)
         inside = inside_reasoning(self.template_dialect, text, self.request)
         if inside is not None:
             return not inside
@@ -247,19 +256,22 @@ class PegmaskReasoningParser(ReasoningParser):
         if not split.ended:
             return []
         start = len(text) - len(split.rest)
-        decode = self.model_tokenizer.decode
         low, high = 0, len(input_ids)  # the first k whose prefix reaches past the split
         while low < high:
             middle = (low + high) // 2
-            if len(decode(input_ids[:middle + 1], skip_special_tokens=False)) > start:
+            if len(self._decode(input_ids[:middle + 1])) > start:
                 high = middle
             else:
                 low = middle + 1
         return list(input_ids[low:])
 
     def _split_ids(self, input_ids: Sequence[int]) -> tuple[ReasoningSplit, str]:
-        text = self.model_tokenizer.decode(list(input_ids), skip_special_tokens=False)
+        text = self._decode(input_ids)
         return self._split_text(text), text
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        """Ids as text with special tokens spelled (the reasoning markers often are some)."""
+        return self.model_tokenizer.decode(list(ids), skip_special_tokens=False)
 
     def _split_text(self, text: str) -> ReasoningSplit:
         split = ReasoningSplit(self.dialect, self.request)
