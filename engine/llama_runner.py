@@ -307,7 +307,7 @@ BATCHED_CHUNK = 16
 @dataclass
 class _Batch:
     """One attention call for chunks of at most `BATCHED_CHUNK` tokens, over their own slots
-    in slot order (`_slots_read`): each chunk's tokens (packed `rows`) are queries `offsets` of
+    in slot order (`_run_read`): each chunk's tokens (packed `rows`) are queries `offsets` of
     batch entry `entries`, padded to the longest chunk. Query j
     of an entry sees the cache up to its own position; padding queries see position 0 only (no
     NaN rows). Slots outside the call are not read: a step's few forced chunks beside rows that
@@ -335,31 +335,36 @@ class _Batch:
         def tensor(values: list[int]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.long, device=device)
 
-        return cls(rows=tensor([rows[i] + j for i in members for j in range(sizes[i])]),
+        return cls(rows=_run_read([rows[i] + j for i in members for j in range(sizes[i])],
+                                  device),
                    entries=tensor([k for k, i in enumerate(members) for _ in range(sizes[i])]),
                    offsets=tensor([j for i in members for j in range(sizes[i])]),
-                   slots=_slots_read([slots[i] for i in members], device),
+                   slots=_run_read([slots[i] for i in members], device),
                    queries=queries, time=time, mask=mask.to(device))
 
     def attend(self, q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
                scale: float, out: torch.Tensor) -> None:
-        width = self.mask.shape[0]
-        query = q.new_zeros((width, q.shape[1], self.queries, q.shape[2]))
-        query[self.entries, :, self.offsets] = q[self.rows]
+        if self.queries == 1:  # a token per entry, in entry order: nothing to pad
+            query = q[self.rows][:, :, None]
+        else:
+            query = q.new_zeros((self.mask.shape[0], q.shape[1], self.queries, q.shape[2]))
+            query[self.entries, :, self.offsets] = q[self.rows]
         result = F.scaled_dot_product_attention(
             query, cache_k[:, :, : self.time][self.slots], cache_v[:, :, : self.time][self.slots],
             attn_mask=self.mask, scale=scale, enable_gqa=True)
-        out[self.rows] = result[self.entries, :, self.offsets]
+        out[self.rows] = result[:, :, 0] if self.queries == 1 else result[
+            self.entries, :, self.offsets]
 
 
-def _slots_read(slots: list[int], device: torch.device) -> slice | torch.Tensor:
-    """How a call reads the cache of `slots`, its k-th batch entry from the k-th: a slice where
-    they are a run in order (read in place; the usual case, the live slots being a prefix),
-    else an index (gathered)."""
-    first = slots[0]
-    if slots == list(range(first, first + len(slots))):
-        return slice(first, first + len(slots))
-    return torch.tensor(slots, dtype=torch.long, device=device)
+def _run_read(places: list[int], device: torch.device) -> slice | torch.Tensor:
+    """How a call reads `places` (cache slots, or the step's packed rows), its k-th item from
+    the k-th: a slice where they are a run in order (read in place, written by a copy; the
+    usual case, the live slots being a prefix and rows packed in slot order), else an index
+    (gathered, scattered)."""
+    first = places[0]
+    if places == list(range(first, first + len(places))):
+        return slice(first, first + len(places))
+    return torch.tensor(places, dtype=torch.long, device=device)
 
 
 class _AttentionPlan:
@@ -434,13 +439,14 @@ class _SharedPrefix:
         self.begin = prefix.shape[-2]
         self.end = max(start + size for start, size in zip(starts, sizes, strict=True))
         self.queries = max(sizes)  # per chunk, padded
-        self.tokens = torch.tensor([row + j for row, size in zip(rows, sizes, strict=True)
-                                    for j in range(size)], dtype=torch.long)
+        self.count = sum(sizes)
+        self.tokens = _run_read([row + j for row, size in zip(rows, sizes, strict=True)
+                                 for j in range(size)], torch.device("cpu"))
         # token t is query offsets[t] of chunk entries[t]
         self.entries = torch.tensor([k for k, size in enumerate(sizes) for _ in range(size)],
                                     dtype=torch.long)
         self.offsets = torch.tensor([j for size in sizes for j in range(size)], dtype=torch.long)
-        self.slots = _slots_read(slots, torch.device("cpu"))
+        self.slots = _run_read(slots, torch.device("cpu"))
         # a chunk's own part: from the prefix's end to its query's position (query j of a chunk
         # at `start` is at start + j; a padding query sees its chunk's, ignored); the own-part
         # queries of a chunk are its (query, head of the group) pairs, query-major
@@ -452,7 +458,7 @@ class _SharedPrefix:
 
     def attend(self, layer: int, q: torch.Tensor, cache_k: torch.Tensor,
                cache_v: torch.Tensor, scale: float, out: torch.Tensor) -> None:
-        count, (heads, dim), kv_heads = len(self.tokens), q.shape[1:], cache_k.shape[1]
+        count, (heads, dim), kv_heads = self.count, q.shape[1:], cache_k.shape[1]
         chunks, queries, group = len(self.mask), self.queries, heads // kv_heads
         query = q[self.tokens].view(count, kv_heads, group, dim)  # query head h: kv head h // group
         prefix_out, prefix_lse = _flash_attention(
@@ -474,12 +480,9 @@ class _SharedPrefix:
                 self.entries, self.offsets]
             own_lse = own_lse.view(chunks, kv_heads, queries, group).transpose(1, 2)[
                 self.entries, self.offsets]
-        top = torch.maximum(prefix_lse, own_lse)
-        prefix_weight = (prefix_lse - top).exp_()[..., None]
-        own_weight = (own_lse - top).exp_()[..., None]
-        merged = (prefix_out * prefix_weight + own_out * own_weight) / (prefix_weight
-                                                                       + own_weight)
-        out[self.tokens] = merged.reshape(count, heads, dim)
+        # the own part's share of the softmax mass: e^own / (e^prefix + e^own)
+        own_share = torch.sigmoid(own_lse - prefix_lse)[..., None]
+        out[self.tokens] = torch.lerp(prefix_out, own_out, own_share).reshape(count, heads, dim)
 
 
 # (output, log-sum-exp of each query's scores): what merging two parts of attention needs

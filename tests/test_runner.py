@@ -168,7 +168,7 @@ def test_short_chunks_after_a_shared_prefix_match_transformers(name: str, monkey
     shared: list[tuple[int, int]] = []  # per forward: (chunks, tokens) reading the prefix once
     attend = _SharedPrefix.attend
     monkeypatch.setattr(_SharedPrefix, "attend", lambda self, layer, *args: (
-        shared.append((len(self.mask), len(self.tokens))) if layer == 0 else None,
+        shared.append((len(self.mask), self.count)) if layer == 0 else None,
         attend(self, layer, *args)))
     model = tiny_model(name)
     runner = LlamaRunner(LlamaWeights(model, fp16_weights=False))
