@@ -57,14 +57,18 @@ def drive(runner, reference) -> list[tuple[torch.Tensor, torch.Tensor]]:
     out.append((runner.forward([(a, [13]), (b, [14]), (c, [15])]),
                 torch.cat([reference.forward([(ra, [13])]), reference.forward([(rb, [14])]),
                            reference.forward([(rc, [15])])])))
+    # one-token rows packed in the reverse of their slots' order
+    out.append((runner.forward([(c, [22]), (b, [23]), (a, [24])]),
+                torch.cat([reference.forward([(rc, [22])]), reference.forward([(rb, [23])]),
+                           reference.forward([(ra, [24])])])))
     runner.remove(a)
     reference.remove(ra)
     d, rd = runner.add(), reference.add()
     out.append((runner.forward([(c, [16]), (d, [17, 18]), (b, [19, 20, 21])]),
                 torch.cat([reference.forward([(rc, [16])]), reference.forward([(rd, [17, 18])]),
                            reference.forward([(rb, [19, 20, 21])])])))
-    assert runner.length(b) == reference.length(rb) == 9
-    assert runner.length(c) == 7 and runner.length(d) == 2
+    assert runner.length(b) == reference.length(rb) == 10
+    assert runner.length(c) == 8 and runner.length(d) == 2
     return out
 
 
