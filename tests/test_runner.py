@@ -185,16 +185,19 @@ def test_short_chunks_after_a_shared_prefix_match_transformers(name: str, monkey
     runner.forward([(restored[0], [prompt[8], 3]), (restored[1], [prompt[8]])])
     seqs = [first, plain, *restored, runner.fork(restored[1])]
     histories = [prompt, [2, 4, 6], [*prompt, 3], prompt, prompt]
-    sizes = [(1, 1, 1, 1, 1), (3, 1, 1, 4, 2), (1, 2, 5, 1, 1)]
+    # per step, each sequence's chunk size (0: it does not step; then the sharing rows are
+    # packed in a run, read in place)
+    sizes = [(1, 1, 1, 1, 1), (3, 1, 1, 4, 2), (1, 2, 5, 1, 1), (1, 0, 1, 1, 1), (2, 0, 1, 1, 3)]
     for step, step_sizes in enumerate(sizes):
-        chunks = [[5 + (step + k + j) % 4 for j in range(size)]
-                  for k, size in enumerate(step_sizes)]
-        ours = runner.forward(list(zip(seqs, chunks, strict=True)))
-        for k, chunk in enumerate(chunks):
+        stepping = [k for k, size in enumerate(step_sizes) if size]
+        chunks = [[5 + (step + k + j) % 4 for j in range(step_sizes[k])] for k in stepping]
+        ours = runner.forward([(seqs[k], chunk) for k, chunk in zip(stepping, chunks,
+                                                                    strict=True)])
+        for row, (k, chunk) in enumerate(zip(stepping, chunks, strict=True)):
             histories[k] = [*histories[k], *chunk]
             fresh = reference.add()
             expected = reference.forward([(fresh, histories[k])])
             reference.remove(fresh)
-            torch.testing.assert_close(ours[k : k + 1], expected, rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(ours[row : row + 1], expected, rtol=1e-4, atol=1e-4)
     # the restored sequences' prompt ends, then every step's chunks but the plain sequence's
-    assert shared == [(2, 3), (4, 4), (4, 10), (4, 8)]
+    assert shared == [(2, 3), (4, 4), (4, 10), (4, 8), (4, 4), (4, 7)]
