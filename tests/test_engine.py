@@ -20,6 +20,7 @@ from pegmask.dialects import accumulate, detect_dialect, dialect_names  # noqa: 
 from pegmask.engine.decode import StopStrings  # noqa: E402
 from pegmask.engine.engine import renders_tools  # noqa: E402
 from pegmask.engine.requests import InvalidRequestError, build_request  # noqa: E402
+from pegmask.engine.scheduler import Submission  # noqa: E402
 
 SCHEMAS = JSONSCHEMA_DIR
 TEMPLATES = TEMPLATES_DIR
@@ -450,3 +451,26 @@ def test_max_model_len_bounds_prompt_and_output() -> None:
     with pytest.raises(ValueError, match="max_model_len"):
         Engine(max_model_len=10**9, prewarm=False)
     engine.close()
+
+
+def test_a_step_wakes_a_request_once_after_all_its_choices_sampled(
+        engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A consumer woken per choice would take the interpreter from the decode loop between rows.
+    wakes: list[Submission] = []
+    wake = Submission._wake
+
+    def counted(submission: Submission) -> None:
+        wakes.append(submission)
+        wake(submission)
+
+    monkeypatch.setattr(Submission, "_wake", counted)
+    options = {"n": 3, "max_tokens": 5, "temperature": 1.0, "seed": 3, "ignore_eos": True}
+    steps = engine.stats.steps
+    stream = engine.generate("Once upon a time", stream=True, **options)
+    deltas = list(stream)
+    steps = engine.stats.steps - steps
+    assert steps == 5  # the prefill step samples every choice's first token
+    assert 0 < len(wakes) <= steps  # per step: three choices' events, at most one wake
+    streamed = "".join(delta["text"] for delta in deltas)  # the choices' pieces interleaved
+    assert sorted(streamed) == sorted("".join(c.text for c in stream.result.choices))
+    assert [len(choice.token_ids) for choice in stream.result.choices] == [5, 5, 5]
