@@ -178,8 +178,9 @@ class Engine:
     once and `max_queued` requests wait for room (more: `QueueFullError`); `prefill_chunk` bounds
     the prompt tokens of one step; `prefix_cache` prompt prefixes are kept so that requests
     sharing one (the same tools) skip its prefill (engine/prefix_cache.py; 0: none);
-    `request_timeout_s` bounds a request's time. `fp16_weights`
-    (llama-family models on the CPU; None picks it there): see engine/llama_runner.py.
+    `request_timeout_s` bounds a request's time. `fp16_weights`, `bf16_weights` (the
+    products' weights on the CPU, llama-family models; None: float16; `fp16_weights=False`:
+    float32; `bf16_weights=True`: bfloat16, CPUs with AMX only): see engine/llama_runner.py.
     `max_model_len` bounds a request's prompt and output tokens together (default: the
     model's context). `strict_tool_arguments` closes tool parameter objects that do not say
     `additionalProperties` (False: plain JSON Schema). `prewarm` pays the process's one-time
@@ -208,6 +209,7 @@ class Engine:
         prefix_cache: int = 4,
         request_timeout_s: float | None = None,
         fp16_weights: bool | None = None,
+        bf16_weights: bool | None = None,
         strict_tool_arguments: bool = True,
         max_model_len: int | None = None,
         prewarm: bool = True,
@@ -256,7 +258,7 @@ class Engine:
                              prefill_chunk=prefill_chunk, request_timeout_s=request_timeout_s,
                              prefix_cache=prefix_cache)
         self.stats = DecodeStats()
-        self.runner = self.backend.runner(fp16_weights=fp16_weights)
+        self.runner = self.backend.runner(fp16_weights=fp16_weights, bf16_weights=bf16_weights)
         # The raw text of turns with tool calls, replayed when clients send the calls back.
         self.replay = ReplayMemory()
         self.scheduler = Scheduler(self.runner, self.vocab, self.limits, self.stats,

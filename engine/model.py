@@ -133,18 +133,20 @@ class ModelBackend:
         already holds its BOS, so none is added unless asked (completion prompts)."""
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
-    def runner(self, *, fp16_weights: bool | None = None) -> SequenceRunner:
+    def runner(self, *, fp16_weights: bool | None = None,
+               bf16_weights: bool | None = None) -> SequenceRunner:
         """A new sequence runner (its own KV cache) over this model's weights: `LlamaRunner`
-        where the architecture allows (`fp16_weights`: see engine/llama_runner.py; None picks
-        it on the CPU), transformers' forward otherwise."""
+        where the architecture allows (`fp16_weights`, `bf16_weights`: see
+        engine/llama_runner.py; None picks float16 on the CPU), transformers' forward otherwise."""
         if llama_runner.supports(self.model):
-            return llama_runner.LlamaRunner(self._llama_weights(fp16_weights))
+            return llama_runner.LlamaRunner(self._llama_weights(fp16_weights, bf16_weights))
         return TransformersRunner(self.model, self.device)
 
     @functools.cache  # noqa: B019 - backends live as long as the process (see _load)
-    def _llama_weights(self, fp16_weights: bool | None) -> llama_runner.LlamaWeights:
-        return _in_passing_thread(
-            lambda: llama_runner.LlamaWeights(self.model, fp16_weights=fp16_weights))
+    def _llama_weights(self, fp16_weights: bool | None,
+                       bf16_weights: bool | None) -> llama_runner.LlamaWeights:
+        return _in_passing_thread(lambda: llama_runner.LlamaWeights(
+            self.model, fp16_weights=fp16_weights, bf16_weights=bf16_weights))
 
 
 def load_backend(

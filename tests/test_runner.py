@@ -17,7 +17,13 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from pegmask.engine.llama_runner import LlamaRunner, LlamaWeights, _SharedPrefix, supports
+from pegmask.engine.llama_runner import (
+    LlamaRunner,
+    LlamaWeights,
+    _SharedPrefix,
+    bf16_kernel_available,
+    supports,
+)
 from pegmask.engine.model import load_backend
 from pegmask.engine.runner import TransformersRunner
 
@@ -109,6 +115,24 @@ def test_float16_weights_stay_close_to_float32() -> None:
     rounded = drive(LlamaRunner(LlamaWeights(model, fp16_weights=True)),
                     TransformersRunner(model, torch.device("cpu")))
     for (ours, _), (half, _) in zip(exact, rounded, strict=True):
+        torch.testing.assert_close(half, ours, rtol=0.0, atol=2e-2)
+
+
+def test_bfloat16_weights_stay_close_to_float32_where_the_cpu_has_amx() -> None:
+    model = tiny_model("llama")
+    with pytest.raises(ValueError, match="exclude"):
+        LlamaWeights(model, fp16_weights=True, bf16_weights=True)
+    if not bf16_kernel_available():  # asking for them is a clear error, not a slow fallback
+        with pytest.raises(ValueError, match="AMX"):
+            LlamaWeights(model, bf16_weights=True)
+        return
+    weights = LlamaWeights(model, bf16_weights=True)
+    assert weights.weight_format == "bfloat16"
+    exact = drive(LlamaRunner(LlamaWeights(model, fp16_weights=False)),
+                  TransformersRunner(model, torch.device("cpu")))
+    rounded = drive(LlamaRunner(weights), TransformersRunner(model, torch.device("cpu")))
+    for (ours, _), (half, _) in zip(exact, rounded, strict=True):
+        # 0.004 on this model (logits up to 0.7; float16 weights: 0.0005)
         torch.testing.assert_close(half, ours, rtol=0.0, atol=2e-2)
 
 
