@@ -49,7 +49,7 @@ def inside_reasoning(dialect: Dialect, text: str, request: ChatRequest | None = 
 def last_reasoning_marker(dialect: Dialect, text: str) -> bool | None:
     """Whether the last of the dialect's textual reasoning markers in `text` opens reasoning
     (True) or closes it (False); None where `text` holds neither or the dialect spells none."""
-    delimiters = dialect.reasoning_delimiters() if dialect.reasons else None
+    delimiters = _reasoning_markers(dialect)
     if delimiters is None:
         return None
     opening, closing = delimiters
@@ -58,6 +58,11 @@ def last_reasoning_marker(dialect: Dialect, text: str) -> bool | None:
     if opened < 0 and closed < 0:
         return None
     return opened > closed
+
+
+def _reasoning_markers(dialect: Dialect) -> tuple[str, str] | None:
+    """The text that opens and closes reasoning, for a dialect that reasons and spells it."""
+    return dialect.reasoning_delimiters() if dialect.reasons else None
 
 
 class ReasoningMarkerTail:
@@ -73,7 +78,7 @@ class ReasoningMarkerTail:
 
     def __init__(self, dialect: Dialect, decode: Callable[[list[int]], str]):
         self._dialect, self._decode = dialect, decode
-        delimiters = dialect.reasoning_delimiters() if dialect.reasons else None
+        delimiters = _reasoning_markers(dialect)
         # ids a marker can span: each spells at least one byte, a character at most four
         self._overlap = 4 * max(map(len, delimiters)) if delimiters else 0
         self._ids: list[int] | None = None  # the last call's ids
