@@ -298,28 +298,37 @@ class Row:
             return None
 
     # ----------------------------------------------------------------- sampling
-    def step(self, logits: torch.Tensor, bitmask: torch.Tensor, masked: bool) -> list[Delta]:
-        """Sample (or append the plan) and advance: the deltas this step releases."""
+    def step(self, logits: torch.Tensor, bitmask: torch.Tensor, masked: bool,
+             drawn: int | None = None) -> list[Delta]:
+        """Sample (or append the plan) and advance: the deltas this step releases. `drawn`: the
+        row's draw from `draw_rows` (its logits processed already), None to draw here."""
         if self.plan:
             return self._complete(self.plan)
-        picked = self.sample(logits, bitmask, masked)
+        picked = self.sample(logits, bitmask, masked, drawn)
         # No allowed token: the grammar cannot be finished, the output is cut short.
         return self.finish("length") if picked is None else self.advance(*picked)
 
-    def sample(self, logits: torch.Tensor, bitmask: torch.Tensor,
-               masked: bool) -> tuple[int, TokenLogprob | None] | None:
+    def sample(self, logits: torch.Tensor, bitmask: torch.Tensor, masked: bool,
+               drawn: int | None = None) -> tuple[int, TokenLogprob | None] | None:
         """Draw this row's next token from its row of logits (edited in place) and advance the
         matcher; None if no token is allowed. `bitmask` is this row's filled mask, already
-        applied to `logits` when `masked`.
+        applied to `logits` when `masked`. `drawn`: the first draw, made with other rows'
+        (`draw_rows`) from these logits, processed.
 
         A row whose mask was skipped (every ordinary token allowed, `masked` False) may still
         draw a special token the grammar forbids: then its mask is applied and it draws again.
         """
         matcher = self.matcher
-        if masked and not bool(bitmask.any()):
-            return None
-        self._process(logits, masked)
-        token = self._draw(logits)
+        if drawn is None:
+            if masked and not bool(bitmask.any()):
+                return None
+            self._adjust(logits)
+            banned = self.banned()
+            if banned:
+                _ban(logits[None], [0], banned, [masked])
+            token = self._draw(logits)
+        else:
+            token = drawn
         if matcher is not None and not matcher.accept_token(token):
             if masked:
                 return None  # a masked draw the matcher refuses: cannot happen, but never raise
@@ -356,7 +365,8 @@ class Row:
                 return None
         return None
 
-    def _process(self, logits: torch.Tensor, masked: bool) -> None:
+    def _adjust(self, logits: torch.Tensor) -> None:
+        """Logit bias and penalties, on this row's logits."""
         sampling = self.spec.sampling
         if self._bias is not None:
             apply_logit_bias(logits, *self._bias)
@@ -365,24 +375,26 @@ class Row:
                             frequency=sampling.frequency_penalty,
                             presence=sampling.presence_penalty,
                             repetition=sampling.repetition_penalty)
-        banned = set()
-        if sampling.ignore_eos:
-            banned |= self.spec.eos_ids
+
+    def banned(self) -> frozenset[int]:
+        """The tokens this step may not draw: end tokens under ignore_eos, and stop tokens
+        before min_tokens."""
+        sampling = self.spec.sampling
+        banned = self.spec.eos_ids if sampling.ignore_eos else frozenset()
         if len(self.generated) < sampling.min_tokens:
-            banned |= self.stop_ids | self.spec.eos_ids
-        if banned:
-            ids = torch.tensor(sorted(banned), dtype=torch.long, device=logits.device)
-            ids = ids[ids < logits.shape[-1]]
-            saved = logits[ids].clone()
-            logits[ids] = float("-inf")
-            # Only a mask can leave nothing but the banned tokens; then the grammar wins.
-            if masked and not bool((logits > float("-inf")).any()):
-                logits[ids] = saved
+            banned = banned | self.stop_ids | self.spec.eos_ids
+        return banned
 
     def _draw(self, logits: torch.Tensor) -> int:
         params = self.spec.sampling
         return int(sample_masked(logits, params.temperature, params.top_p, params.top_k,
                                  self.generator, min_p=params.min_p))
+
+    @property
+    def draws_like(self) -> tuple[float, float, int, float]:
+        """What a draw depends on besides the logits: rows alike are drawn together."""
+        params = self.spec.sampling
+        return params.temperature, params.top_p, params.top_k, params.min_p
 
     def _logprob(self, logits: torch.Tensor, token: int) -> TokenLogprob | None:
         sampling = self.spec.sampling
@@ -476,3 +488,84 @@ class Row:
         final, self.finish_reason = self.output.finish(reason)
         self.pending = []
         return deltas + final
+
+
+# --------------------------------------------------------------------------- batched draws
+def draw_rows(rows: Sequence[Row], logits: torch.Tensor, bitmask: torch.Tensor,
+              masked: Sequence[bool]) -> list[int | None]:
+    """The first draw of every row of a step, made for rows alike at once (`Row.draws_like`):
+    logits processed row by row (bias, penalties), banned tokens and the draw per group of rows.
+    Drawn one row at a time, a step of 32 rows spent a sixth of its time here. None for a row
+    left to `Row.sample`, its logits untouched: one with a plan, a failure, or a mask that
+    allows nothing. A row left with no token by its bias and penalties fails, as it would
+    alone. `logits` row i belongs to rows[i] and is edited in place; `bitmask` is the
+    step's."""
+    drawn: list[int | None] = [None] * len(rows)
+    live = [i for i, row in enumerate(rows) if row.failure is None and not row.plan]
+    checked = [i for i in live if masked[i]]
+    if checked:
+        allowed = bitmask[checked].any(dim=1).tolist()
+        empty = {i for i, ok in zip(checked, allowed, strict=True) if not ok}
+        live = [i for i in live if i not in empty]
+    adjusted = []
+    for i in live:
+        try:
+            rows[i]._adjust(logits[i])
+        except Exception as exc:  # noqa: BLE001 - one row's failure ends only its request
+            rows[i].failure = exc
+            continue
+        adjusted.append(i)
+    for banned, members in _groups(adjusted, lambda i: rows[i].banned()).items():
+        if banned:
+            _ban(logits, members, banned, [masked[i] for i in members])
+    if not adjusted:
+        return drawn
+    # amax, not `(logits > -inf).any()`: 0.1 ms against 1 ms for 32 rows
+    alive = (_rows_of(logits, adjusted).amax(dim=1) > float("-inf")).tolist()
+    for i, ok in zip(adjusted, alive, strict=True):
+        if not ok:
+            rows[i].failure = ValueError("a row of logits has no allowed token (all -inf)")
+    ready = [i for i, ok in zip(adjusted, alive, strict=True) if ok]
+    for _, members in _groups(ready, lambda i: rows[i].draws_like).items():
+        params = rows[members[0]].spec.sampling
+        tokens = sample_masked(_rows_of(logits, members), params.temperature, params.top_p,
+                               params.top_k, [rows[i].generator for i in members],
+                               min_p=params.min_p)
+        for i, token in zip(members, tokens.tolist(), strict=True):
+            drawn[i] = token
+    return drawn
+
+
+def _groups(items: list[int], key: Callable[[int], Any]) -> dict[Any, list[int]]:
+    groups: dict[Any, list[int]] = {}
+    for item in items:
+        groups.setdefault(key(item), []).append(item)
+    return groups
+
+
+def _rows_of(logits: torch.Tensor, members: list[int]) -> torch.Tensor:
+    """`logits[members]`: a view where they are all rows in order (the usual step)."""
+    if members == list(range(logits.shape[0])):
+        return logits
+    return logits[members]
+
+
+def _ban(logits: torch.Tensor, members: list[int], banned: frozenset[int],
+         masked: list[bool]) -> None:
+    """-inf for the `banned` tokens of rows `members`; a masked row that this leaves with no
+    token gets them back (only a mask can do that: then the grammar wins)."""
+    device = logits.device
+    ids = torch.tensor(sorted(t for t in banned if t < logits.shape[-1]), dtype=torch.long,
+                       device=device)
+    if not ids.numel():
+        return
+    where = (torch.tensor(members, dtype=torch.long, device=device)[:, None], ids[None, :])
+    saved = logits[where]
+    logits[where] = float("-inf")
+    checked = [k for k, flag in enumerate(masked) if flag]
+    if not checked:
+        return
+    left = (logits[[members[k] for k in checked]].amax(dim=1) > float("-inf")).tolist()
+    for k, ok in zip(checked, left, strict=True):
+        if not ok:
+            logits[members[k], ids] = saved[k]

@@ -179,8 +179,9 @@ class Engine:
     the prompt tokens of one step; `prefix_cache` prompt prefixes are kept so that requests
     sharing one (the same tools) skip its prefill (engine/prefix_cache.py; 0: none);
     `request_timeout_s` bounds a request's time. `fp16_weights`, `bf16_weights` (the
-    products' weights on the CPU, llama-family models; None: float16; `fp16_weights=False`:
-    float32; `bf16_weights=True`: bfloat16, CPUs with AMX only): see engine/llama_runner.py.
+    products' weights on the CPU, llama-family models; both None: bfloat16 where the CPU has
+    AMX, else float16; `fp16_weights=False`: float32; `bf16_weights=True`: bfloat16, CPUs with
+    AMX only): see engine/llama_runner.py.
     `max_model_len` bounds a request's prompt and output tokens together (default: the
     model's context). `strict_tool_arguments` closes tool parameter objects that do not say
     `additionalProperties` (False: plain JSON Schema). `prewarm` pays the process's one-time

@@ -6,13 +6,15 @@ without copying every row, and on CPUs the products it issues (float32, one per 
 `(rows, hidden)` with few rows) are MKL's slow small-batch case. Here:
 
 * the weights are read from the loaded transformers model once; the q/k/v projections are one
-  product, gate/up another; on the CPU they are prepacked for FBGEMM's float16-weight kernel
-  (float32 activations and accumulation; weights rounded to float16, which a GGUF checkpoint's
-  4-bit blocks lose nothing to in practice), 3-5x faster than float32 at 1-32 rows; asked for
-  on a CPU with AMX (`bf16_weights`), for oneDNN's bfloat16 kernel instead (rows and weights
-  rounded to bfloat16, float32 accumulation): as fast at one row and 1.5-2.3x faster at 8-32,
-  but greedy SmolLM2 output leaves float32's on some prompts (float16 weights keep it), so it
-  is not the default;
+  product, gate/up another; on a CPU with AMX they are prepacked for oneDNN's bfloat16 kernel
+  (`bf16_weights`, the default there: rows and weights rounded to bfloat16, float32
+  accumulation; keys and values cached in bfloat16), as fast as float16 weights at one row and
+  1.5-2.3x faster at 8-32, prefill 2.8x; elsewhere for FBGEMM's float16-weight kernel
+  (`fp16_weights`: float32 activations and accumulation; weights rounded to float16, which a
+  GGUF checkpoint's 4-bit blocks lose nothing to in practice), 3-5x faster than float32 at
+  1-32 rows. bfloat16's bound, measured on SmolLM2 (tests/test_runner.py checks it): greedy
+  picks, teacher-forced on float32's, agree on 98% of steps, and where they differ float32's
+  own best two were within 0.13 of each other (near-ties); float16 weights agree on all;
 * every token of every sequence in a step is one row of the same products (a prompt chunk of
   one sequence next to the sampled and forced tokens of each other sequence); attention reads
   each cache once a step (`_AttentionPlan`): a saved prompt prefix shared by sequences once for
@@ -72,7 +74,7 @@ class _Linear:
             return torch.ops.quantized.linear_dynamic_fp16(x, self.weight)
         if self.format == "bfloat16":
             y = torch.ops.mkldnn._linear_pointwise(
-                x.bfloat16(), self.weight, None, "none", [None], "").float()
+                x.to(torch.bfloat16), self.weight, None, "none", [None], "").float()
             return y if self.bias is None else y + self.bias
         return F.linear(x, self.weight, self.bias)
 
@@ -124,7 +126,8 @@ def _cat_bias(*linears: Any) -> torch.Tensor | None:
 class LlamaWeights:
     """The weights `LlamaRunner` computes with, read once from a transformers model and shared
     by every runner of that model (see the module docstring for `fp16_weights` and
-    `bf16_weights`: None picks float16 on the CPU; bfloat16 only when asked for)."""
+    `bf16_weights`; both None: bfloat16 on a CPU with AMX, else float16 on the CPU;
+    `fp16_weights=False`: float32)."""
 
     def __init__(self, model: Any, *, fp16_weights: bool | None = None,
                  bf16_weights: bool | None = None):
@@ -142,10 +145,15 @@ class LlamaWeights:
             raise ValueError("fp16_weights and bf16_weights exclude each other")
         if bf16_weights and on_cpu and not bf16_kernel_available():
             raise ValueError("bf16_weights needs a CPU with AMX (this one has none)")
+        if bf16_weights is None and fp16_weights is None:
+            bf16_weights = on_cpu and bf16_kernel_available()
         if fp16_weights is None:
             fp16_weights = on_cpu and not bf16_weights and _fp16_kernel_available()
         self.weight_format = ("bfloat16" if bf16_weights and on_cpu else
                               "float16" if fp16_weights and on_cpu else "float32")
+        # With bfloat16 products the rows are rounded to bfloat16 anyway: keys and values are
+        # kept so too, which halves what attention reads (the bound of a CPU decode step).
+        self.cache_dtype = torch.bfloat16 if self.weight_format == "bfloat16" else self.dtype
         decoder = model.model
         with torch.no_grad():
             self.embed = decoder.embed_tokens.weight.detach()
@@ -276,7 +284,7 @@ class LlamaRunner:
         if time > self._time_cap:
             new_time = min(w.context, max(time, 2 * self._time_cap, 256))
         shape = (len(w.layers), 2, new_slots, w.kv_heads, new_time, w.head_dim)
-        kv = torch.zeros(shape, dtype=w.dtype, device=self.device)
+        kv = torch.zeros(shape, dtype=w.cache_dtype, device=self.device)
         if self._slots_cap and self._time_cap:
             live, longest = len(self._seqs), max(self._lengths, default=0)
             kv[:, :, :live, :, :longest] = self._kv[:, :, :live, :, :longest]
@@ -303,7 +311,8 @@ class LlamaRunner:
         cascade = device.type == "cpu"
         prefixes = [self._prefix.get(seq) if cascade and len(tokens) <= BATCHED_CHUNK else None
                     for seq, tokens in chunks]
-        plan = _AttentionPlan(slots, starts, sizes, prefixes, w.heads // w.kv_heads, device)
+        plan = _AttentionPlan(slots, starts, sizes, prefixes, w.heads // w.kv_heads,
+                              w.cache_dtype, device)
 
         x = F.embedding(tokens, w.embed)
         heads, kv_heads, dim, eps = w.heads, w.kv_heads, w.head_dim, w.eps
@@ -323,8 +332,8 @@ class LlamaRunner:
             qk.mul_(cos).addcmul_(turned, sin)
             cache = self._kv[index]
             cache[:, slot_of_token, :, position] = qkv[:, heads * dim :].view(
-                count, 2, kv_heads, dim)
-            attended = plan.attend(index, q, cache[0], cache[1], scale)
+                count, 2, kv_heads, dim).to(cache.dtype)
+            attended = plan.attend(index, q.to(cache.dtype), cache[0], cache[1], scale)
             x = x + layer.out(attended.reshape(count, heads * dim))
             h = F.rms_norm(x, (x.shape[-1],), layer.mlp_norm, eps)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)
@@ -387,7 +396,8 @@ class _Batch:
             query = q.new_zeros((self.mask.shape[0], q.shape[1], self.queries, q.shape[2]))
             query[self.entries, :, self.offsets] = q[self.rows]
         result = F.scaled_dot_product_attention(
-            query, cache_k[:, :, : self.time][self.slots], cache_v[:, :, : self.time][self.slots],
+            query, _take(cache_k[:, :, : self.time], self.slots),
+            _take(cache_v[:, :, : self.time], self.slots),
             attn_mask=self.mask, scale=scale, enable_gqa=True)
         out[self.rows] = result[:, :, 0] if self.queries == 1 else result[
             self.entries, :, self.offsets]
@@ -404,6 +414,12 @@ def _run_read(places: list[int], device: torch.device) -> slice | torch.Tensor:
     return torch.tensor(places, dtype=torch.long, device=device)
 
 
+def _take(cache: torch.Tensor, slots: slice | torch.Tensor) -> torch.Tensor:
+    """The slots' part of a cache read: a view of a run, else a copy (`index_select`: half the
+    time of advanced indexing on the time-sliced cache)."""
+    return cache[slots] if isinstance(slots, slice) else cache.index_select(0, slots)
+
+
 class _AttentionPlan:
     """How the packed rows of one forward attend, each kind in as few calls as it can: the
     chunks of at most `BATCHED_CHUNK` tokens (a sampled token and those a grammar forces after
@@ -415,18 +431,22 @@ class _AttentionPlan:
     used by every layer. `group`: query heads per key/value head."""
 
     def __init__(self, slots: list[int], starts: list[int], sizes: list[int],
-                 prefixes: list[torch.Tensor | None], group: int, device: torch.device):
+                 prefixes: list[torch.Tensor | None], group: int, dtype: torch.dtype,
+                 device: torch.device):
         rows = [0]
         for size in sizes:
             rows.append(rows[-1] + size)
         self.last_rows = [end - 1 for end in rows[1:]]
         sharing: dict[int, list[int]] = {}
-        for i, prefix in enumerate(prefixes):
-            if prefix is not None:
-                sharing.setdefault(id(prefix), []).append(i)
+        # in slot order, so that their own parts are read in place where the slots are a run
+        # (in chunk order, 32 tool-call rows that joined at different times were gathered,
+        # copying every row's own part of the cache: 13 ms of an 80 ms step)
+        for i in sorted(range(len(prefixes)), key=slots.__getitem__):
+            if prefixes[i] is not None:
+                sharing.setdefault(id(prefixes[i]), []).append(i)
         self.shared = [_SharedPrefix(prefixes[members[0]], [rows[i] for i in members],
                                      [slots[i] for i in members], [starts[i] for i in members],
-                                     [sizes[i] for i in members], group)
+                                     [sizes[i] for i in members], group, dtype)
                        for members in sharing.values()]
         single = [i for i, size in enumerate(sizes) if size == 1 and prefixes[i] is None]
         forced = [i for i, size in enumerate(sizes)
@@ -462,64 +482,103 @@ class _SharedPrefix:
     after it, or a prompt's last few tokens after its restored prefix) of sequences that began
     with the same saved prefix (a chat server's system prompt and tool definitions,
     `engine/prefix_cache.py`): all their queries attend to the prefix in one call that reads it
-    once, and each chunk's queries to the chunk's own tokens after it, in its slot, padded to
-    the longest chunk; the two parts are merged by their log-sum-exp.
+    once, and to the chunks' own tokens after it (`_OwnPart`); the parts are merged by their
+    log-sum-exp.
     Attention on a CPU is bound by reading the cache: read per row, a 256-token tool block made
     a tool-call row's step cost 3x a plain one's at 32 rows, and forced chunks that read it per
     row cost a tool-call step a sixth of its time. The query heads that share a key/value head
-    are that head's queries, so neither call repeats keys for grouped-query attention. CPU only
+    are that head's queries, so no call repeats keys for grouped-query attention. CPU only
     (the attention kernel that returns the log-sum-exp is the CPU one)."""
 
     def __init__(self, prefix: torch.Tensor, rows: list[int], slots: list[int],
-                 starts: list[int], sizes: list[int], group: int):
+                 starts: list[int], sizes: list[int], group: int, dtype: torch.dtype):
         self.prefix = prefix  # (layers, 2, kv_heads, length, head_dim)
-        self.begin = prefix.shape[-2]
-        self.end = max(start + size for start, size in zip(starts, sizes, strict=True))
-        self.queries = max(sizes)  # per chunk, padded
+        begin = prefix.shape[-2]
+        end = max(start + size for start, size in zip(starts, sizes, strict=True))
         self.count = sum(sizes)
         self.tokens = _run_read([row + j for row, size in zip(rows, sizes, strict=True)
                                  for j in range(size)], torch.device("cpu"))
-        # token t is query offsets[t] of chunk entries[t]
-        self.entries = torch.tensor([k for k, size in enumerate(sizes) for _ in range(size)],
-                                    dtype=torch.long)
-        self.offsets = torch.tensor([j for size in sizes for j in range(size)], dtype=torch.long)
-        self.slots = _run_read(slots, torch.device("cpu"))
-        # a chunk's own part: from the prefix's end to its query's position (query j of a chunk
-        # at `start` is at start + j; a padding query sees its chunk's, ignored); the own-part
-        # queries of a chunk are its (query, head of the group) pairs, query-major
-        seen = torch.tensor(starts)[:, None] + torch.arange(self.queries)[None, :]
-        hidden = torch.arange(self.begin, self.end)[None, None, :] > seen[:, :, None]
-        mask = torch.zeros(hidden.shape).masked_fill_(hidden, float("-inf"))
-        self.mask = mask.repeat_interleave(group, dim=1)[:, None] if self.queries > 1 \
-            else mask[:, None]  # one query per chunk: the group's heads share its row
+        # The own part in two calls: every chunk's first token, one query per slot (read in
+        # place); the rest of the forced chunks, padded to the longest, in their few slots
+        # (gathered). One call padding every chunk to the longest made a step of 32 rows with
+        # a few forced chunks cost 1.4x (a chunk of 12: 1.9x) one without.
+        firsts, order = [], 0
+        for size in sizes:
+            firsts.append(order)
+            order += size
+        rest = [k for k, size in enumerate(sizes) if size > 1]
+        self.own = [_OwnPart(firsts, slots, starts, [1] * len(sizes), begin, end, group, dtype)]
+        if rest:
+            self.own.append(_OwnPart(
+                [firsts[k] + 1 for k in rest], [slots[k] for k in rest],
+                [starts[k] + 1 for k in rest], [sizes[k] - 1 for k in rest], begin, end, group,
+                dtype))
 
     def attend(self, layer: int, q: torch.Tensor, cache_k: torch.Tensor,
                cache_v: torch.Tensor, scale: float, out: torch.Tensor) -> None:
         count, (heads, dim), kv_heads = self.count, q.shape[1:], cache_k.shape[1]
-        chunks, queries, group = len(self.mask), self.queries, heads // kv_heads
+        group = heads // kv_heads
         query = q[self.tokens].view(count, kv_heads, group, dim)  # query head h: kv head h // group
         prefix_out, prefix_lse = _flash_attention(
             query.transpose(0, 1).reshape(1, kv_heads, count * group, dim),
             self.prefix[layer, 0][None], self.prefix[layer, 1][None], scale=scale)
         prefix_out = prefix_out.view(kv_heads, count, group, dim).transpose(0, 1)
         prefix_lse = prefix_lse.view(kv_heads, count, group).transpose(0, 1)
-        if queries > 1:
-            padded = query.new_zeros((chunks, queries, kv_heads, group, dim))
-            padded[self.entries, self.offsets] = query
-            own_query = padded.transpose(1, 2).reshape(chunks, kv_heads, queries * group, dim)
-        else:
-            own_query = query
-        own_out, own_lse = _flash_attention(
-            own_query, cache_k[:, :, self.begin : self.end][self.slots],
-            cache_v[:, :, self.begin : self.end][self.slots], attn_mask=self.mask, scale=scale)
-        if queries > 1:  # back to (token, kv head, group, ...)
-            own_out = own_out.view(chunks, kv_heads, queries, group, dim).transpose(1, 2)[
-                self.entries, self.offsets]
-            own_lse = own_lse.view(chunks, kv_heads, queries, group).transpose(1, 2)[
-                self.entries, self.offsets]
+        own_out, own_lse = torch.empty_like(prefix_out), torch.empty_like(prefix_lse)
+        for part in self.own:
+            part.attend(query, cache_k, cache_v, scale, own_out, own_lse)
         # the own part's share of the softmax mass: e^own / (e^prefix + e^own)
-        own_share = torch.sigmoid(own_lse - prefix_lse)[..., None]
+        own_share = torch.sigmoid(own_lse - prefix_lse)[..., None].to(own_out.dtype)
         out[self.tokens] = torch.lerp(prefix_out, own_out, own_share).reshape(count, heads, dim)
+
+
+class _OwnPart:
+    """Chunks after a shared prefix (`_SharedPrefix`) attending to their own tokens after it,
+    in one call: chunk k's `sizes[k]` queries, tokens `firsts[k]...` of the step's shared order
+    at positions `starts[k]...`, are entry k in slot `slots[k]`, padded to the longest."""
+
+    def __init__(self, firsts: list[int], slots: list[int], starts: list[int], sizes: list[int],
+                 begin: int, end: int, group: int, dtype: torch.dtype):
+        self.begin, self.end = begin, end
+        self.queries = max(sizes)
+        self.picks = _run_read([first + j for first, size in zip(firsts, sizes, strict=True)
+                                for j in range(size)], torch.device("cpu"))
+        # picked token t is query offsets[t] of entry entries[t]
+        self.entries = torch.tensor([k for k, size in enumerate(sizes) for _ in range(size)],
+                                    dtype=torch.long)
+        self.offsets = torch.tensor([j for size in sizes for j in range(size)], dtype=torch.long)
+        self.slots = _run_read(slots, torch.device("cpu"))
+        # query j of an entry at `start` is at start + j and sees its slot up to there (a
+        # padding query sees its chunk's, ignored); an entry's queries are its (query, head of
+        # the group) pairs, query-major
+        seen = torch.tensor(starts)[:, None] + torch.arange(self.queries)[None, :]
+        hidden = torch.arange(begin, end)[None, None, :] > seen[:, :, None]
+        mask = torch.zeros(hidden.shape, dtype=dtype).masked_fill_(hidden, float("-inf"))
+        self.mask = mask.repeat_interleave(group, dim=1)[:, None] if self.queries > 1 \
+            else mask[:, None]  # one query per entry: the group's heads share its row
+
+    def attend(self, query: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
+               scale: float, out: torch.Tensor, lse: torch.Tensor) -> None:
+        """`query`: (tokens, kv_heads, group, dim) in the shared order; writes the picked
+        tokens' rows of `out` and `lse`."""
+        _, kv_heads, group, dim = query.shape
+        entries, queries = len(self.mask), self.queries
+        picked = query[self.picks]
+        if queries > 1:
+            padded = picked.new_zeros((entries, queries, kv_heads, group, dim))
+            padded[self.entries, self.offsets] = picked
+            picked = padded.transpose(1, 2).reshape(entries, kv_heads, queries * group, dim)
+        own_out, own_lse = _flash_attention(
+            picked, _take(cache_k[:, :, self.begin : self.end], self.slots),
+            _take(cache_v[:, :, self.begin : self.end], self.slots), attn_mask=self.mask,
+            scale=scale)
+        if queries > 1:  # back to (token, kv head, group, ...)
+            own_out = own_out.view(entries, kv_heads, queries, group, dim).transpose(1, 2)[
+                self.entries, self.offsets]
+            own_lse = own_lse.view(entries, kv_heads, queries, group).transpose(1, 2)[
+                self.entries, self.offsets]
+        out[self.picks] = own_out
+        lse[self.picks] = own_lse
 
 
 # (output, log-sum-exp of each query's scores): what merging two parts of attention needs

@@ -137,7 +137,8 @@ class ModelBackend:
                bf16_weights: bool | None = None) -> SequenceRunner:
         """A new sequence runner (its own KV cache) over this model's weights: `LlamaRunner`
         where the architecture allows (`fp16_weights`, `bf16_weights`: see
-        engine/llama_runner.py; None picks float16 on the CPU), transformers' forward otherwise."""
+        engine/llama_runner.py; both None: bfloat16 on a CPU with AMX, else float16),
+        transformers' forward otherwise."""
         if llama_runner.supports(self.model):
             return llama_runner.LlamaRunner(self._llama_weights(fp16_weights, bf16_weights))
         return TransformersRunner(self.model, self.device)

@@ -7,6 +7,7 @@ them back; a row with no allowed token is an error rather than a silent pick of 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 
@@ -16,14 +17,16 @@ def sample_masked(
     temperature: float = 1.0,
     top_p: float = 1.0,
     top_k: int = 0,
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | Sequence[torch.Generator | None] | None = None,
     min_p: float = 0.0,
 ) -> torch.Tensor:
     """One token id per row of `logits` (`(batch, V)` -> `(batch,)`, `(V,)` -> scalar tensor).
 
     `temperature <= 0` is greedy (argmax). `top_k > 0` keeps the k best tokens; `top_p < 1`
     keeps the smallest set of best tokens whose probability reaches `top_p`; `min_p > 0` drops
-    tokens less likely than `min_p` times the best one. `generator` makes the draw reproducible.
+    tokens less likely than `min_p` times the best one. `generator` makes the draw reproducible:
+    one for all rows, or one per row of a `(batch, V)` draw (None: torch's default generator),
+    so that rows of seeded requests drawn together draw what each would draw alone.
     """
     if not 0.0 <= min_p <= 1.0:
         raise ValueError(f"min_p must be in [0, 1], got {min_p}")
@@ -55,7 +58,13 @@ def sample_masked(
     # empty interval of the CDF, so it is never drawn.
     cdf = scores.softmax(dim=-1).cumsum(dim=-1)
     total = cdf[..., -1:]
-    point = torch.rand(total.shape, generator=generator, dtype=cdf.dtype,
-                       device=cdf.device) * total
+    if generator is None or isinstance(generator, torch.Generator):
+        uniform = torch.rand(total.shape, generator=generator, dtype=cdf.dtype, device=cdf.device)
+    else:
+        if len(generator) != total.shape[0] or total.dim() != 2:
+            raise ValueError("one generator per row of a (batch, V) draw")
+        uniform = torch.cat([torch.rand(1, generator=g, dtype=cdf.dtype, device=cdf.device)
+                             for g in generator])[:, None]
+    point = uniform * total
     point = torch.minimum(point, torch.nextafter(total, torch.zeros_like(total)))  # < total
     return torch.searchsorted(cdf, point, right=True).squeeze(-1)

@@ -116,11 +116,12 @@ def _model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="GGUF file or local HF folder (default: SmolLM2-135M)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
     parser.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default auto)")
-    parser.add_argument("--weights", choices=("float16", "bfloat16", "float32"),
-                        default="float16",
-                        help="the CPU products' weights (llama-family float32 models): float16 "
-                             "(default; float32 compute), bfloat16 (CPUs with AMX: faster at "
-                             "8+ rows, greedy output can leave float32's), float32")
+    parser.add_argument("--weights", choices=("auto", "bfloat16", "float16", "float32"),
+                        default="auto",
+                        help="the CPU products' weights (llama-family float32 models): auto "
+                             "(default: bfloat16 where the CPU has AMX, else float16), bfloat16 "
+                             "(AMX only; greedy picks can differ from float32's at near-ties), "
+                             "float16 (float32 compute), float32")
     parser.add_argument("--dialect", default="auto",
                         help="hermes, hermes-xml, harmony, llmjp-harmony, dsml (default: detect)")
     parser.add_argument("--threads", type=int, help="torch CPU threads")
@@ -212,8 +213,8 @@ def _engine(args: argparse.Namespace) -> Any:
     compile_options = {name: getattr(args, name) for name in
                        ("compile_workers", "compile_timeout_s", "compile_memory_bytes")
                        if hasattr(args, name)}
-    weights = {"float16": {}, "bfloat16": {"bf16_weights": True},
-               "float32": {"fp16_weights": False}}[args.weights]
+    weights = {"auto": {}, "bfloat16": {"bf16_weights": True},
+               "float16": {"fp16_weights": True}, "float32": {"fp16_weights": False}}[args.weights]
     return Engine(args.model, device=args.device, dtype=args.dtype, dialect=args.dialect,
                   **weights,
                   max_running=args.max_running, max_queued=args.max_queued,
