@@ -565,7 +565,8 @@ def _ban(logits: torch.Tensor, members: list[int], banned: frozenset[int],
     checked = [k for k, flag in enumerate(masked) if flag]
     if not checked:
         return
-    left = (logits[[members[k] for k in checked]].amax(dim=1) > float("-inf")).tolist()
+    rows = _rows_of(logits, [members[k] for k in checked])
+    left = (rows.amax(dim=1) > float("-inf")).tolist()
     for k, ok in zip(checked, left, strict=True):
         if not ok:
             logits[members[k], ids] = saved[k]
