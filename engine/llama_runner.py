@@ -494,7 +494,6 @@ class _SharedPrefix:
                  starts: list[int], sizes: list[int], group: int, dtype: torch.dtype):
         self.prefix = prefix  # (layers, 2, kv_heads, length, head_dim)
         begin = prefix.shape[-2]
-        end = max(start + size for start, size in zip(starts, sizes, strict=True))
         self.count = sum(sizes)
         self.tokens = _run_read([row + j for row, size in zip(rows, sizes, strict=True)
                                  for j in range(size)], torch.device("cpu"))
@@ -507,11 +506,11 @@ class _SharedPrefix:
             firsts.append(order)
             order += size
         rest = [k for k, size in enumerate(sizes) if size > 1]
-        self.own = [_OwnPart(firsts, slots, starts, [1] * len(sizes), begin, end, group, dtype)]
+        self.own = [_OwnPart(firsts, slots, starts, [1] * len(sizes), begin, group, dtype)]
         if rest:
             self.own.append(_OwnPart(
                 [firsts[k] + 1 for k in rest], [slots[k] for k in rest],
-                [starts[k] + 1 for k in rest], [sizes[k] - 1 for k in rest], begin, end, group,
+                [starts[k] + 1 for k in rest], [sizes[k] - 1 for k in rest], begin, group,
                 dtype))
 
     def attend(self, layer: int, q: torch.Tensor, cache_k: torch.Tensor,
@@ -535,10 +534,12 @@ class _SharedPrefix:
 class _OwnPart:
     """Chunks after a shared prefix (`_SharedPrefix`) attending to their own tokens after it,
     in one call: chunk k's `sizes[k]` queries, tokens `firsts[k]...` of the step's shared order
-    at positions `starts[k]...`, are entry k in slot `slots[k]`, padded to the longest."""
+    at positions `starts[k]...`, are entry k in slot `slots[k]`, padded to the longest; the
+    keys read run from the prefix's end (`begin`) to the last of these queries."""
 
     def __init__(self, firsts: list[int], slots: list[int], starts: list[int], sizes: list[int],
-                 begin: int, end: int, group: int, dtype: torch.dtype):
+                 begin: int, group: int, dtype: torch.dtype):
+        end = max(start + size for start, size in zip(starts, sizes, strict=True))
         self.begin, self.end = begin, end
         self.queries = max(sizes)
         self.picks = _run_read([first + j for first, size in zip(firsts, sizes, strict=True)
