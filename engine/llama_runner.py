@@ -206,9 +206,10 @@ class LlamaRunner:
         self._seqs: list[int] = []  # the sequence in each live slot (live slots are a prefix)
         self._slot: dict[int, int] = {}
         self._lengths: list[int] = []
-        # A sequence's saved prefix (`save`, `restore`): its first tokens' keys and values, the
-        # same in every sequence that began with it, so one-token steps read them once for all.
-        self._prefix: dict[int, torch.Tensor] = {}
+        # The saved prefix a sequence shares (`share`: a saved cache and how many of its tokens):
+        # its first tokens' keys and values, the same in every sequence that began with it, so
+        # one-token steps read them once for all.
+        self._prefix: dict[int, tuple[torch.Tensor, int]] = {}
         self._next = 0
 
     # ----------------------------------------------------------------- sequences
@@ -256,19 +257,20 @@ class LlamaRunner:
     def save(self, seq: int, length: int) -> torch.Tensor:
         """(layers, 2, kv_heads, length, head_dim): only the tokens, not the slot's room."""
         slot = self._slot[seq]
-        saved = self._kv[:, :, slot, :, :min(length, self._lengths[slot])].clone()
-        self._prefix[seq] = saved  # `seq` began with it too: it decodes as restored ones do
-        return saved
+        return self._kv[:, :, slot, :, :min(length, self._lengths[slot])].clone()
 
     @torch.inference_mode()
-    def restore(self, saved: torch.Tensor) -> int:
+    def restore(self, saved: torch.Tensor, length: int | None = None) -> int:
         seq = self.add()
-        slot, length = self._slot[seq], saved.shape[-2]
+        slot = self._slot[seq]
+        length = saved.shape[-2] if length is None else length
         self._reserve(len(self._seqs), length)
-        self._kv[:, :, slot, :, :length] = saved
+        self._kv[:, :, slot, :, :length] = saved[..., :length, :]
         self._lengths[slot] = length
-        self._prefix[seq] = saved
         return seq
+
+    def share(self, seq: int, saved: torch.Tensor, length: int) -> None:
+        self._prefix[seq] = (saved, length)
 
     def _reserve(self, slots: int, time: int) -> None:
         """Grow the cache (doubling) to hold `slots` sequences of `time` tokens."""
@@ -309,8 +311,9 @@ class LlamaRunner:
         tokens, slot_of_token, position = (t.to(device) for t in (tokens, slot_of_token, position))
         cos, sin = w.cos[position][:, None], w.sin_signed[position][:, None]
         cascade = device.type == "cpu"
-        prefixes = [self._prefix.get(seq) if cascade and len(tokens) <= BATCHED_CHUNK else None
-                    for seq, tokens in chunks]
+        views: dict[tuple[int, int], torch.Tensor] = {}
+        prefixes = [self._shared_prefix(seq, views)
+                    if cascade and len(tokens) <= BATCHED_CHUNK else None for seq, tokens in chunks]
         plan = _AttentionPlan(slots, starts, sizes, prefixes, w.heads // w.kv_heads,
                               w.cache_dtype, device)
 
@@ -343,6 +346,20 @@ class LlamaRunner:
         last = torch.tensor(plan.last_rows, dtype=torch.long, device=device)
         h = F.rms_norm(x[last], (x.shape[-1],), w.norm, eps)
         return w.lm_head(h).float()
+
+
+    def _shared_prefix(self, seq: int, views: dict[tuple[int, int], torch.Tensor]
+                       ) -> torch.Tensor | None:
+        """The keys and values `seq` shares (`share`), one view per saved cache and length in
+        a forward (`views`): the attention plan groups sequences by it."""
+        held = self._prefix.get(seq)
+        if held is None:
+            return None
+        saved, length = held
+        key = (id(saved), length)
+        if key not in views:
+            views[key] = saved[..., :length, :]
+        return views[key]
 
 
 # Chunks of at most this many tokens (one sampled token, or the few a grammar forces after

@@ -46,8 +46,14 @@ class SequenceRunner(Protocol):
         """A copy of the cache of `seq`'s first `length` tokens, kept outside the runner."""
         ...
 
-    def restore(self, saved: Any) -> int:
-        """A new sequence holding the tokens of a `save`d cache."""
+    def restore(self, saved: Any, length: int | None = None) -> int:
+        """A new sequence holding the first `length` tokens of a `save`d cache (all of them:
+        None)."""
+        ...
+
+    def share(self, seq: int, saved: Any, length: int) -> None:
+        """`seq` begins with the first `length` tokens of `saved`, as other sequences may: the
+        runner may read them once for all of them (or ignore this)."""
         ...
 
     def length(self, seq: int) -> int:
@@ -98,11 +104,18 @@ class TransformersRunner:
             cache.crop(length - self._lengths[seq])  # negative: tokens to drop (any version)
         return cache
 
-    def restore(self, saved: Any) -> int:
+    def restore(self, saved: Any, length: int | None = None) -> int:
         seq = self.add()
-        self._caches[seq] = copy.deepcopy(saved)
-        self._lengths[seq] = saved.get_seq_length()
+        cache = copy.deepcopy(saved)
+        held = cache.get_seq_length()
+        if length is not None and length < held:
+            cache.crop(length - held)  # negative: tokens to drop (any version)
+        self._caches[seq] = cache
+        self._lengths[seq] = cache.get_seq_length()
         return seq
+
+    def share(self, seq: int, saved: Any, length: int) -> None:
+        """Nothing: each sequence runs on its own."""
 
     def length(self, seq: int) -> int:
         return self._lengths[seq]

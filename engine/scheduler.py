@@ -195,7 +195,7 @@ class Scheduler:
                  stats: DecodeStats, metrics: Metrics | None = None,
                  on_finish: Callable[[Submission], None] | None = None):
         self.runner = runner
-        self.prefixes = PrefixCache(runner, limits.prefill_chunk, limits.prefix_cache)
+        self.prefixes = PrefixCache(runner, limits.prefix_cache)
         self.on_finish = on_finish  # called in the loop for each request that ends well
         self.vocab = vocab
         self.limits = limits
@@ -342,30 +342,45 @@ class Scheduler:
         decoding = len(chunks)
         budget = self.limits.prefill_chunk
         completed: list[_Prefill] = []
-        advanced: list[_Prefill] = []
+        advanced: list[tuple[_Prefill, int]] = []  # with the index of its chunk
+        kept: list[torch.Tensor] = []  # first logits of prompts the prefix cache held whole
+        kept_samplers: list[list[Row]] = []
         for prefill in self._prefilling:
             if budget <= 0:
                 break
             prompt = prefill.submission.spec.prompt_ids
             if prefill.seq is None:  # its first chunk: it starts from the longest kept prefix
-                prefill.seq, prefill.position = self.prefixes.start(prompt)
+                prefill.seq, prefill.position, final = self.prefixes.start(prompt)
                 prefill.submission.cached_tokens = prefill.position
                 self.stats.cached_prompt_tokens += prefill.position
+                if final is not None:
+                    completed.append(prefill)
+                    kept.append(final)
+                    kept_samplers.append(prefill.submission.rows)
+                    continue
             piece = prompt[prefill.position : prefill.position + budget]
             prefill.position += len(piece)
             budget -= len(piece)
+            advanced.append((prefill, len(chunks)))
             chunks.append((prefill.seq, piece))
-            advanced.append(prefill)
             if prefill.position == len(prompt):
                 completed.append(prefill)
-                samplers.append(self._start_rows(prefill))
+                samplers.append(prefill.submission.rows)
             else:
                 samplers.append([])
-        logits = self.runner.forward(chunks)
+        logits = self.runner.forward(chunks) if chunks else torch.empty(0, 0)
         forwarded = time.perf_counter()
-        for prefill in advanced:  # whole blocks in: requests prefilling behind it can use them
-            self.prefixes.keep(prefill.seq, prefill.submission.spec.prompt_ids[:prefill.position])
-        for prefill in completed:
+        for prefill, index in advanced:  # whole blocks in: requests prefilling behind can use them
+            prompt = prefill.submission.spec.prompt_ids
+            whole = prefill.position == len(prompt)  # kept whole, with its first logits
+            self.prefixes.keep(prefill.seq, prompt[:prefill.position],
+                               logits[index] if whole else None)
+        if kept:
+            logits = torch.cat([logits, torch.stack(kept).to(logits)]) if chunks \
+                else torch.stack(kept)
+            samplers += kept_samplers
+        for prefill in completed:  # its prompt is in: its choices decode from now on
+            self._start_rows(prefill)
             self._prefilling.remove(prefill)
             self.stats.prompt_tokens += len(prefill.submission.spec.prompt_ids)
         rows = [row for group in samplers for row in group]
@@ -401,14 +416,13 @@ class Scheduler:
             row.failure = exc
             return False
 
-    def _start_rows(self, prefill: _Prefill) -> list[Row]:
+    def _start_rows(self, prefill: _Prefill) -> None:
         """A request's prompt is in: its rows decode from now on (the first on the prefilled
-        sequence, the others on copies of it)."""
-        rows = prefill.submission.rows
-        for i, row in enumerate(rows):
+        sequence, the others on copies of it, made once the forward has put its last chunk in:
+        copies made before it held only the prompt's earlier chunks)."""
+        for i, row in enumerate(prefill.submission.rows):
             row.seq = prefill.seq if i == 0 else self.runner.fork(prefill.seq)
             self._decoding.append(row)
-        return rows
 
     def _sample(self, row: Row, logits: torch.Tensor, bitmask: torch.Tensor,
                 masked: bool, held: dict[Submission, None], drawn: int | None) -> None:

@@ -34,7 +34,8 @@ def sample_masked(
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
     if top_k < 0:
         raise ValueError(f"top_k must be >= 0, got {top_k}")
-    if not bool((logits.amax(dim=-1) > float("-inf")).all()):
+    best = logits.amax(dim=-1, keepdim=True)
+    if not bool((best > float("-inf")).all()):
         raise ValueError("a row of logits has no allowed token (all -inf)")
     if temperature <= 0.0:
         return logits.argmax(dim=-1)
@@ -49,22 +50,53 @@ def sample_masked(
         before = probs.cumsum(dim=-1) - probs
         ordered = ordered.masked_fill(before >= top_p, float("-inf"))
         scores = torch.empty_like(scores).scatter_(-1, order, ordered)
+    # No filter drops the best token: the best score stays `best / temperature`.
     if min_p > 0.0:
         # p_i >= min_p * p_max  <=>  score_i >= score_max + log(min_p)
-        floor = scores.amax(dim=-1, keepdim=True) + math.log(min_p)
+        floor = best.float() / temperature + math.log(min_p)
         scores = scores.masked_fill(scores < floor, float("-inf"))
-    # Inverse-CDF draw: a cumulative sum and a binary search, some 30x cheaper than
-    # torch.multinomial over a whole vocabulary on a CPU. A token of probability 0 spans an
-    # empty interval of the CDF, so it is never drawn.
-    cdf = scores.softmax(dim=-1).cumsum(dim=-1)
-    total = cdf[..., -1:]
+    # exp(score - best): the softmax's weights before normalizing, 0 where -inf
+    weights = scores.sub_(best.float() / temperature).exp_()
+    rows = weights.view(-1, weights.shape[-1])
     if generator is None or isinstance(generator, torch.Generator):
-        uniform = torch.rand(total.shape, generator=generator, dtype=cdf.dtype, device=cdf.device)
+        uniform = torch.rand((*weights.shape[:-1], 1), generator=generator, dtype=weights.dtype,
+                             device=weights.device)
     else:
-        if len(generator) != total.shape[0] or total.dim() != 2:
+        if len(generator) != weights.shape[0] or weights.dim() != 2:
             raise ValueError("one generator per row of a (batch, V) draw")
-        uniform = torch.cat([torch.rand(1, generator=g, dtype=cdf.dtype, device=cdf.device)
-                             for g in generator])[:, None]
-    point = uniform * total
-    point = torch.minimum(point, torch.nextafter(total, torch.zeros_like(total)))  # < total
-    return torch.searchsorted(cdf, point, right=True).squeeze(-1)
+        uniform = torch.cat([torch.rand(1, generator=g, dtype=weights.dtype,
+                                        device=weights.device) for g in generator])[:, None]
+    return _draw(rows, uniform.view(-1, 1)).view(weights.shape[:-1])
+
+
+# Tokens per block of the two-level draw (`_draw`).
+DRAW_BLOCK = 1024
+
+
+def _draw(weights: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """An inverse-CDF draw per row of `weights` (rows, V), nonnegative, each row's total > 0,
+    with `uniform` (rows, 1) in [0, 1): the token where the cumulative weight passes
+    `uniform * total`. A token of weight 0 spans an empty interval, so it is never drawn.
+    In two levels, the block of DRAW_BLOCK tokens by the cumulative block sums, then the token
+    by the cumulative sum inside that block: a cumulative sum over a whole vocabulary runs
+    serially (32 rows of 49,152 tokens: 2.4 ms of a 5 ms draw), block sums do not; and both
+    are some 30x cheaper than torch.multinomial on a CPU."""
+    count, width = weights.shape
+    full = width // DRAW_BLOCK * DRAW_BLOCK
+    sums = [weights[:, :full].view(count, -1, DRAW_BLOCK).sum(dim=-1)] if full else []
+    if full < width:
+        sums.append(weights[:, full:].sum(dim=-1, keepdim=True))
+    block_cdf = torch.cat(sums, dim=-1).cumsum(dim=-1) if len(sums) > 1 else sums[0].cumsum(-1)
+    total = block_cdf[:, -1:]
+    point = torch.minimum(uniform * total, torch.nextafter(total, torch.zeros_like(total)))
+    # the block whose cumulative sum first passes the point: its own weight is > 0 (a block of
+    # zeros adds exactly 0, so its cumulative sum equals its predecessor's and is passed over)
+    block = torch.searchsorted(block_cdf, point, right=True)
+    before = torch.where(block > 0, block_cdf.gather(1, (block - 1).clamp(min=0)), 0.0)
+    columns = block * DRAW_BLOCK + torch.arange(DRAW_BLOCK, device=weights.device)
+    inside = weights.gather(1, columns.clamp(max=width - 1))
+    inside.masked_fill_(columns >= width, 0.0)
+    inner_cdf = inside.cumsum(dim=-1)
+    rest = (point - before).clamp(min=0.0)
+    rest = torch.minimum(rest, torch.nextafter(inner_cdf[:, -1:], torch.zeros_like(rest)))
+    return (block * DRAW_BLOCK + torch.searchsorted(inner_cdf, rest, right=True)).squeeze(-1)

@@ -136,7 +136,7 @@ def _model_options(parser: argparse.ArgumentParser) -> None:
                         help="prompt tokens per decode step (default 256)")
     parser.add_argument("--prefix-cache", type=int, default=4,
                         help="prompt prefixes kept so that requests sharing one (the same "
-                             "tools) skip its prefill, in whole prefill chunks (default 4; "
+                             "tools) skip its prefill, in whole blocks of 16 tokens (default 4; "
                              "0: none)")
     parser.add_argument("--request-timeout", type=float, default=None,
                         help="seconds a request may take, queue included (default: no limit)")

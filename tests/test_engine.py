@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import jsonschema
@@ -57,6 +58,18 @@ def test_completion_greedy(engine: Engine) -> None:
     assert result.usage["total_tokens"] == result.usage["prompt_tokens"] + len(result.token_ids)
 
 
+@pytest.mark.parametrize("prefill_chunk", [256, 7])
+def test_every_choice_decodes_after_the_whole_prompt(prefill_chunk: int) -> None:
+    """Choices after the first are copies of the prefilled sequence: greedy, each says what one
+    choice says (copies made before the prompt's last chunk was in saw none or part of it)."""
+    engine = Engine(prefill_chunk=prefill_chunk, prefix_cache=0, prewarm=False)
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    alone = engine.generate(messages, max_tokens=8, temperature=0)
+    several = engine.generate(messages, n=3, max_tokens=8, temperature=0)
+    assert "Paris" in alone.text
+    assert [choice.token_ids for choice in several.choices] == [alone.token_ids] * 3
+
+
 def test_chat_stops_at_end_of_turn(engine: Engine) -> None:
     result = engine.generate([{"role": "user", "content": "What is the capital of France?"}],
                              max_tokens=40, temperature=0)
@@ -72,7 +85,9 @@ def test_streaming_equals_non_streaming(engine: Engine) -> None:
     stream = engine.generate("Once upon a time", stream=True, **options)
     pieces = [delta["text"] for delta in stream]
     assert "".join(pieces) == whole.text
-    assert stream.result == whole
+    # the same prompt again: kept whole by the prefix cache, the rest as the first time
+    assert stream.result.usage["prompt_tokens_details"] == {"cached_tokens": 4}
+    assert replace(stream.result, usage=whole.usage) == whole
 
     chat = [{"role": "user", "content": "Name three colors."}]
     whole = engine.generate(chat, **options)

@@ -1,6 +1,8 @@
 """The prefix cache on the embedded model: which prefix a prompt reuses (whole blocks, never its
-last token), that a reused prefix decodes exactly as a fresh prefill, eviction, and the engine
-reporting cached prompt tokens."""
+last token), that a reused prefix decodes as a fresh prefill (exactly, where it is cut into the
+same chunks), that a prompt sharing only part of a kept prefix holds only that part, which
+beginnings sequences share in attention, eviction, and the engine reporting cached prompt
+tokens."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import torch
 
 from pegmask.engine import Engine
 from pegmask.engine.model import load_backend
-from pegmask.engine.prefix_cache import PrefixCache
+from pegmask.engine.prefix_cache import SHARED_BLOCK, PrefixCache
 
 BLOCK = 16
 
@@ -37,27 +39,47 @@ def prefill(cache: PrefixCache, runner, seq: int, tokens: list[int],
 def serve(cache: PrefixCache, runner, tokens: list[int]) -> None:
     """One request's prompt: started from the cache, the rest prefilled and kept; then it
     leaves."""
-    seq, start = cache.start(tokens)
+    seq, start, _ = cache.start(tokens)
     prefill(cache, runner, seq, tokens, start)
     runner.remove(seq)
 
 
 def test_a_repeated_prompt_reuses_its_whole_blocks_and_decodes_exactly_the_same(runner) -> None:
-    cache = PrefixCache(runner, BLOCK, capacity=2)
+    cache = PrefixCache(runner, capacity=2, block=BLOCK)
     tokens = prompt(0, 40)
-    seq, cached = cache.start(tokens)
+    seq, cached, _ = cache.start(tokens)
     assert cached == 0
     fresh = prefill(cache, runner, seq, tokens, 0)
     step = runner.forward([(seq, [5])])
     runner.remove(seq)  # the next request comes after this one
-    again, cached = cache.start(tokens)
+    again, cached, _ = cache.start(tokens)
     assert cached == 32 and runner.length(again) == 32  # 40 tokens: two whole blocks
     assert torch.equal(prefill(cache, runner, again, tokens, cached), fresh)
     assert torch.equal(runner.forward([(again, [5])]), step)
 
 
+def test_a_prompt_kept_whole_starts_decoding_at_once_exactly_as_the_first_time(runner) -> None:
+    """Kept with the logits after its last token, the same prompt again is restored whole
+    (nothing to prefill) with those logits, and its next step is the first time's; a prompt
+    that only begins like it still prefills its last token."""
+    cache = PrefixCache(runner, capacity=2, block=BLOCK)
+    tokens = prompt(16, 37)
+    seq, _, final = cache.start(tokens)
+    assert final is None
+    logits = prefill(cache, runner, seq, tokens, 0)
+    cache.keep(seq, tokens, final=logits)
+    step = runner.forward([(seq, [5])])
+    runner.remove(seq)
+    again, cached, final = cache.start(tokens)
+    assert cached == 37 and runner.length(again) == 37 and torch.equal(final, logits)
+    assert torch.equal(runner.forward([(again, [5])]), step)
+    longer = tokens + [7]
+    assert cache.start(longer)[1:] == (32, None)
+    assert len(cache) == 1  # the whole prompt replaced the blocks it extends
+
+
 def test_the_last_token_is_always_prefilled_and_a_shared_beginning_is_reused(runner) -> None:
-    cache = PrefixCache(runner, BLOCK, capacity=2)
+    cache = PrefixCache(runner, capacity=2, block=BLOCK)
     tokens = prompt(1, 32)
     serve(cache, runner, tokens)
     assert cache.start(tokens)[1] == 16  # 32 tokens: the second block holds the last one
@@ -66,8 +88,48 @@ def test_the_last_token_is_always_prefilled_and_a_shared_beginning_is_reused(run
     assert cache.start(prompt(3, 40))[1] == 0
 
 
+def test_a_prompt_sharing_part_of_a_kept_prefix_holds_only_that_part() -> None:
+    """Its sequence is restored with the shared whole blocks only (not the kept prompt's rest)
+    and decodes as a fresh prefill of it (float32: chunking changes the results by rounding)."""
+    runner = load_backend().runner(fp16_weights=False)
+    cache = PrefixCache(runner, capacity=2, block=BLOCK)
+    kept = prompt(10, 60)
+    serve(cache, runner, kept)
+    other = kept[:40] + prompt(11, 20)
+    seq, cached, _ = cache.start(other)
+    assert cached == 32 and runner.length(seq) == 32
+    logits = prefill(cache, runner, seq, other, cached)
+    fresh = runner.add()
+    torch.testing.assert_close(logits[None], runner.forward([(fresh, other)]), rtol=1e-3,
+                               atol=1e-3)
+
+
+def test_prompts_that_differ_after_a_long_common_beginning_share_one_copy_of_it(
+        runner, monkeypatch) -> None:
+    """Attention reads a kept beginning once for every sequence that starts with it: whole
+    SHARED_BLOCKs of the first prompt kept, also for later prompts that only begin like it
+    (the same tools, another question); a shorter beginning is not shared."""
+    shared: list[tuple[int, object, int]] = []
+    monkeypatch.setattr(runner, "share", lambda seq, saved, length: shared.append(
+        (seq, saved, length)))
+    cache = PrefixCache(runner, capacity=4, block=BLOCK)
+    tools = prompt(12, SHARED_BLOCK + 20)
+    first, second = tools + prompt(13, 30), tools + prompt(14, 25)
+    serve(cache, runner, first)
+    assert {(saved, length) for _, saved, length in shared} == {(shared[0][1], SHARED_BLOCK)}
+    shared.clear()
+    serve(cache, runner, second)
+    again, _, _ = cache.start(first)
+    roots = {(id(saved), length) for _, saved, length in shared}
+    assert len(roots) == 1 and roots.pop()[1] == SHARED_BLOCK
+    assert again in {seq for seq, _, _ in shared} and len(cache) == 2
+    shared.clear()
+    serve(cache, runner, prompt(15, SHARED_BLOCK - 1))
+    assert shared == []
+
+
 def test_a_longer_prefix_replaces_the_one_it_extends_and_the_oldest_is_evicted(runner) -> None:
-    cache = PrefixCache(runner, BLOCK, capacity=2)
+    cache = PrefixCache(runner, capacity=2, block=BLOCK)
     base = prompt(4, 40)
     longer = base + prompt(5, 30)
     for tokens in (base, longer):
@@ -79,7 +141,7 @@ def test_a_longer_prefix_replaces_the_one_it_extends_and_the_oldest_is_evicted(r
 
 
 def test_a_cache_of_no_entries_keeps_nothing(runner) -> None:
-    cache = PrefixCache(runner, BLOCK, capacity=0)
+    cache = PrefixCache(runner, capacity=0, block=BLOCK)
     tokens = prompt(8, 40)
     serve(cache, runner, tokens)
     assert len(cache) == 0 and cache.start(tokens)[1] == 0
@@ -98,9 +160,13 @@ def test_the_engine_skips_a_kept_prefix_and_says_so_in_usage() -> None:
     assert first.usage["prompt_tokens_details"] == {"cached_tokens": 0}
     second = engine.generate(MESSAGES, max_tokens=6, temperature=0)
     cached = second.usage["prompt_tokens_details"]["cached_tokens"]
-    assert cached == (prompt_tokens - 1) // 64 * 64
+    assert cached == prompt_tokens  # kept whole: nothing to prefill
     assert engine.stats.cached_prompt_tokens == cached
     assert second.token_ids == first.token_ids
+    other = engine.generate([MESSAGES[0], {"role": "user", "content": "Kyoto?"}], max_tokens=6,
+                            temperature=0)
+    cached = other.usage["prompt_tokens_details"]["cached_tokens"]
+    assert 128 <= cached < other.usage["prompt_tokens"] and cached % 16 == 0  # whole blocks
     plain = without.generate(MESSAGES, max_tokens=6, temperature=0)
     plain_again = without.generate(MESSAGES, max_tokens=6, temperature=0)
     assert plain_again.usage["prompt_tokens_details"] == {"cached_tokens": 0}

@@ -220,20 +220,29 @@ def test_runner_rejects_empty_chunks_and_overlong_sequences() -> None:
 
 @pytest.mark.parametrize("name", ["llama", "qwen3"])
 def test_a_saved_prefix_restores_as_a_sequence_of_its_tokens(name: str) -> None:
+    """Restored whole or in part (a prompt that shares only the beginning of a kept prefix),
+    and shared in part (read once for the sequences that began with it, `share`): the
+    sequence holds just those tokens and continues as a fresh one would."""
     model = tiny_model(name)
     runner = LlamaRunner(LlamaWeights(model, fp16_weights=False))
     reference = TransformersRunner(model, torch.device("cpu"))
     a, ra = runner.add(), reference.add()
     runner.forward([(a, [1, 2, 3, 4, 5, 6])])
     reference.forward([(ra, [1, 2, 3, 4, 5, 6])])
-    saved, rsaved = runner.save(a, 4), reference.save(ra, 4)
+    saved, rsaved = runner.save(a, 5), reference.save(ra, 5)
     runner.remove(a)
     b, rb = runner.restore(saved), reference.restore(rsaved)
-    assert runner.length(b) == reference.length(rb) == 4 and reference.length(ra) == 6
-    fresh = reference.add()
-    expected = reference.forward([(fresh, [1, 2, 3, 4, 9, 10])])
-    torch.testing.assert_close(reference.forward([(rb, [9, 10])]), expected)
-    torch.testing.assert_close(runner.forward([(b, [9, 10])]), expected, rtol=1e-4, atol=1e-4)
+    c, rc = runner.restore(saved, 3), reference.restore(rsaved, 3)
+    assert runner.length(b) == reference.length(rb) == 5 and reference.length(ra) == 6
+    assert runner.length(c) == reference.length(rc) == 3
+    runner.share(b, saved, 3)
+    runner.share(c, saved, 3)
+    for seq, rseq, history in ((b, rb, [1, 2, 3, 4, 5]), (c, rc, [1, 2, 3])):
+        fresh = reference.add()
+        expected = reference.forward([(fresh, [*history, 9, 10])])
+        torch.testing.assert_close(reference.forward([(rseq, [9, 10])]), expected)
+        torch.testing.assert_close(runner.forward([(seq, [9, 10])]), expected, rtol=1e-4,
+                                   atol=1e-4)
 
 
 @pytest.mark.parametrize("weight_format", sorted(FORMATS))
@@ -263,6 +272,8 @@ def test_short_chunks_after_a_shared_prefix_match_transformers(name: str, weight
     runner.forward([(first, prompt), (plain, [2, 4, 6])])
     saved = runner.save(first, 8)
     restored = [runner.restore(saved), runner.restore(saved)]
+    for seq in (first, *restored):
+        runner.share(seq, saved, 8)
     runner.forward([(restored[0], [prompt[8], 3]), (restored[1], [prompt[8]])])
     seqs = [first, plain, *restored, runner.fork(restored[1])]
     histories = [prompt, [2, 4, 6], [*prompt, 3], prompt, prompt]
