@@ -70,13 +70,25 @@ class _Linear:
             self.weight = weight.contiguous()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = self._product(x).float()
+        return y if self.bias is None else y + self.bias
+
+    def add_to(self, residual: torch.Tensor, x: torch.Tensor) -> None:
+        """residual += x W^T + b in place: a bfloat16 product is added as it is, without a
+        float32 copy of it first (the same sum; 2 of a layer's 4 conversions)."""
+        residual.add_(self._product(x))
+        if self.bias is not None:
+            residual.add_(self.bias)
+
+    def _product(self, x: torch.Tensor) -> torch.Tensor:
+        """x W^T in the product's output dtype (float32, or bfloat16), without the bias where
+        it is separate."""
         if self.format == "float16":
             return torch.ops.quantized.linear_dynamic_fp16(x, self.weight)
         if self.format == "bfloat16":
-            y = torch.ops.mkldnn._linear_pointwise(
-                x.to(torch.bfloat16), self.weight, None, "none", [None], "").float()
-            return y if self.bias is None else y + self.bias
-        return F.linear(x, self.weight, self.bias)
+            return torch.ops.mkldnn._linear_pointwise(
+                x.to(torch.bfloat16), self.weight, None, "none", [None], "")
+        return F.linear(x, self.weight)
 
 
 def _fp16_kernel_available() -> bool:
@@ -337,10 +349,10 @@ class LlamaRunner:
             cache[:, slot_of_token, :, position] = qkv[:, heads * dim :].view(
                 count, 2, kv_heads, dim).to(cache.dtype)
             attended = plan.attend(index, q.to(cache.dtype), cache[0], cache[1], scale)
-            x = x + layer.out(attended.reshape(count, heads * dim))
+            layer.out.add_to(x, attended.reshape(count, heads * dim))
             h = F.rms_norm(x, (x.shape[-1],), layer.mlp_norm, eps)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)
-            x = x + layer.down(F.silu(gate) * up)
+            layer.down.add_to(x, F.silu(gate) * up)
         for slot, start, size in zip(slots, starts, sizes, strict=True):
             self._lengths[slot] = start + size
         last = torch.tensor(plan.last_rows, dtype=torch.long, device=device)
