@@ -359,7 +359,6 @@ class LlamaRunner:
         h = F.rms_norm(x[last], (x.shape[-1],), w.norm, eps)
         return w.lm_head(h).float()
 
-
     def _shared_prefix(self, seq: int, views: dict[tuple[int, int], torch.Tensor]
                        ) -> torch.Tensor | None:
         """The keys and values `seq` shares (`share`), one view per saved cache and length in
