@@ -379,6 +379,21 @@ def test_sampling_follows_softmax_and_filters() -> None:
     assert set(nucleus.tolist()) == {0, 1}
 
 
+def test_the_two_level_draw_follows_the_weights_across_blocks() -> None:
+    """Allowed tokens in a few blocks of DRAW_BLOCK, whole blocks masked between them and the
+    last one partial (151,936 tokens: Qwen's vocabulary): only allowed tokens come out, each as
+    often as its probability says, also when the draw lands at a block's edge."""
+    width = 151_936
+    allowed = [0, 1023, 1024, 70_000, width - 1]
+    logits = torch.full((3, width), float("-inf"))
+    logits[:, allowed] = torch.tensor([0.0, 1.0, 0.5, 2.0, 1.5])
+    gen = torch.Generator().manual_seed(5)
+    draws = torch.cat([sample_masked(logits, generator=gen) for _ in range(1500)])
+    assert set(draws.tolist()) <= set(allowed)
+    freq = torch.bincount(draws, minlength=width)[allowed].float() / len(draws)
+    assert torch.allclose(freq, logits[0, allowed].softmax(-1), atol=0.03)
+
+
 def test_sampling_is_reproducible_with_a_generator() -> None:
     logits, _ = masked_logits(4)
     first = sample_masked(logits, 0.8, 0.9, 20, torch.Generator().manual_seed(9))
