@@ -55,7 +55,11 @@ def report(rounds: dict[str, list[dict[str, Any]]], requests: int, max_tokens: i
     same = all(a["outputs"] == b["outputs"]
                for a, b in zip(rounds["prefix cache"], rounds["no prefix cache"], strict=True))
     lines += ["", f"Median wall time: {kept:.1f} s with the cache, {none:.1f} s without "
-              f"({none / kept:.2f}x). Same output tokens in both: {'yes' if same else 'no'}.", ""]
+              f"({none / kept:.2f}x). Same output tokens in both: {'yes' if same else 'no'}"
+              + ("." if same else
+                 " (bfloat16 products depend on how many rows they take, and a prompt that "
+                 "starts from a kept prefix prefills fewer: the seeded draws part ways; the "
+                 "float16-weight products, the same whatever the rows, keep them together)."), ""]
     return "\n".join(lines)
 
 
