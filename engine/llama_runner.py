@@ -323,9 +323,8 @@ class LlamaRunner:
         tokens, slot_of_token, position = (t.to(device) for t in (tokens, slot_of_token, position))
         cos, sin = w.cos[position][:, None], w.sin_signed[position][:, None]
         cascade = device.type == "cpu"
-        views: dict[tuple[int, int], torch.Tensor] = {}
-        prefixes = [self._shared_prefix(seq, views)
-                    if cascade and len(tokens) <= BATCHED_CHUNK else None for seq, tokens in chunks]
+        prefixes = [self._prefix.get(seq) if cascade and len(tokens) <= BATCHED_CHUNK else None
+                    for seq, tokens in chunks]
         plan = _AttentionPlan(slots, starts, sizes, prefixes, w.heads // w.kv_heads,
                               w.cache_dtype, device)
 
@@ -358,19 +357,6 @@ class LlamaRunner:
         last = torch.tensor(plan.last_rows, dtype=torch.long, device=device)
         h = F.rms_norm(x[last], (x.shape[-1],), w.norm, eps)
         return w.lm_head(h).float()
-
-    def _shared_prefix(self, seq: int, views: dict[tuple[int, int], torch.Tensor]
-                       ) -> torch.Tensor | None:
-        """The keys and values `seq` shares (`share`), one view per saved cache and length in
-        a forward (`views`): the attention plan groups sequences by it."""
-        held = self._prefix.get(seq)
-        if held is None:
-            return None
-        saved, length = held
-        key = (id(saved), length)
-        if key not in views:
-            views[key] = saved[..., :length, :]
-        return views[key]
 
 
 # Chunks of at most this many tokens (one sampled token, or the few a grammar forces after
@@ -459,20 +445,22 @@ class _AttentionPlan:
     used by every layer. `group`: query heads per key/value head."""
 
     def __init__(self, slots: list[int], starts: list[int], sizes: list[int],
-                 prefixes: list[torch.Tensor | None], group: int, dtype: torch.dtype,
-                 device: torch.device):
+                 prefixes: list[tuple[torch.Tensor, int] | None], group: int,
+                 dtype: torch.dtype, device: torch.device):
         rows = [0]
         for size in sizes:
             rows.append(rows[-1] + size)
         self.last_rows = [end - 1 for end in rows[1:]]
-        sharing: dict[int, list[int]] = {}
+        # a shared prefix (`LlamaRunner.share`): a saved cache and how many of its tokens
+        sharing: dict[tuple[int, int], list[int]] = {}
         # in slot order, so that their own parts are read in place where the slots are a run
         # (in chunk order, 32 tool-call rows that joined at different times were gathered,
         # copying every row's own part of the cache: 13 ms of an 80 ms step)
         for i in sorted(range(len(prefixes)), key=slots.__getitem__):
             if prefixes[i] is not None:
-                sharing.setdefault(id(prefixes[i]), []).append(i)
-        self.shared = [_SharedPrefix(prefixes[members[0]], [rows[i] for i in members],
+                saved, length = prefixes[i]
+                sharing.setdefault((id(saved), length), []).append(i)
+        self.shared = [_SharedPrefix(*prefixes[members[0]], [rows[i] for i in members],
                                      [slots[i] for i in members], [starts[i] for i in members],
                                      [sizes[i] for i in members], group, dtype)
                        for members in sharing.values()]
@@ -518,10 +506,9 @@ class _SharedPrefix:
     are that head's queries, so no call repeats keys for grouped-query attention. CPU only
     (the attention kernel that returns the log-sum-exp is the CPU one)."""
 
-    def __init__(self, prefix: torch.Tensor, rows: list[int], slots: list[int],
+    def __init__(self, saved: torch.Tensor, begin: int, rows: list[int], slots: list[int],
                  starts: list[int], sizes: list[int], group: int, dtype: torch.dtype):
-        self.prefix = prefix  # (layers, 2, kv_heads, length, head_dim)
-        begin = prefix.shape[-2]
+        self.prefix = saved[..., :begin, :]  # (layers, 2, kv_heads, begin, head_dim)
         self.count = sum(sizes)
         self.tokens = _run_read([row + j for row, size in zip(rows, sizes, strict=True)
                                  for j in range(size)], torch.device("cpu"))

@@ -99,17 +99,11 @@ class TransformersRunner:
         self._lengths.pop(seq, None)
 
     def save(self, seq: int, length: int) -> Any:
-        cache = copy.deepcopy(self._caches[seq])
-        if length < self._lengths[seq]:
-            cache.crop(length - self._lengths[seq])  # negative: tokens to drop (any version)
-        return cache
+        return _first_tokens(self._caches[seq], length)
 
     def restore(self, saved: Any, length: int | None = None) -> int:
         seq = self.add()
-        cache = copy.deepcopy(saved)
-        held = cache.get_seq_length()
-        if length is not None and length < held:
-            cache.crop(length - held)  # negative: tokens to drop (any version)
+        cache = _first_tokens(saved, length)
         self._caches[seq] = cache
         self._lengths[seq] = cache.get_seq_length()
         return seq
@@ -132,3 +126,12 @@ class TransformersRunner:
             self._lengths[seq] = start + len(tokens)
             rows.append(out.logits[0, -1].float())
         return torch.stack(rows)
+
+
+def _first_tokens(cache: Any, length: int | None) -> Any:
+    """A copy of a transformers cache holding its first `length` tokens (all of them: None)."""
+    copied = copy.deepcopy(cache)
+    held = copied.get_seq_length()
+    if length is not None and length < held:
+        copied.crop(length - held)  # negative: tokens to drop (any version)
+    return copied

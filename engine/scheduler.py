@@ -343,8 +343,8 @@ class Scheduler:
         budget = self.limits.prefill_chunk
         completed: list[_Prefill] = []
         advanced: list[tuple[_Prefill, int]] = []  # with the index of its chunk
-        kept: list[torch.Tensor] = []  # first logits of prompts the prefix cache held whole
-        kept_samplers: list[list[Row]] = []
+        # prompts the prefix cache held whole: the logits after their last token, their rows
+        kept: list[tuple[torch.Tensor, list[Row]]] = []
         for prefill in self._prefilling:
             if budget <= 0:
                 break
@@ -355,8 +355,7 @@ class Scheduler:
                 self.stats.cached_prompt_tokens += prefill.position
                 if final is not None:
                     completed.append(prefill)
-                    kept.append(final)
-                    kept_samplers.append(prefill.submission.rows)
+                    kept.append((final, prefill.submission.rows))
                     continue
             piece = prompt[prefill.position : prefill.position + budget]
             prefill.position += len(piece)
@@ -368,7 +367,8 @@ class Scheduler:
                 samplers.append(prefill.submission.rows)
             else:
                 samplers.append([])
-        logits = self.runner.forward(chunks) if chunks else torch.empty(0, 0)
+        logits = self.runner.forward(chunks) if chunks else torch.empty(
+            0, self.runner.logits_width, device=self.runner.device)
         forwarded = time.perf_counter()
         for prefill, index in advanced:  # whole blocks in: requests prefilling behind can use them
             prompt = prefill.submission.spec.prompt_ids
@@ -376,9 +376,8 @@ class Scheduler:
             self.prefixes.keep(prefill.seq, prompt[:prefill.position],
                                logits[index] if whole else None)
         if kept:
-            logits = torch.cat([logits, torch.stack(kept).to(logits)]) if chunks \
-                else torch.stack(kept)
-            samplers += kept_samplers
+            logits = torch.cat([logits, torch.stack([final for final, _ in kept]).to(logits)])
+            samplers += [rows for _, rows in kept]
         for prefill in completed:  # its prompt is in: its choices decode from now on
             self._start_rows(prefill)
             self._prefilling.remove(prefill)

@@ -86,7 +86,7 @@ def _draw(weights: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     sums = [weights[:, :full].view(count, -1, DRAW_BLOCK).sum(dim=-1)] if full else []
     if full < width:
         sums.append(weights[:, full:].sum(dim=-1, keepdim=True))
-    block_cdf = torch.cat(sums, dim=-1).cumsum(dim=-1) if len(sums) > 1 else sums[0].cumsum(-1)
+    block_cdf = torch.cat(sums, dim=-1).cumsum(dim=-1)
     total = block_cdf[:, -1:]
     point = torch.minimum(uniform * total, torch.nextafter(total, torch.zeros_like(total)))
     # the block whose cumulative sum first passes the point: its own weight is > 0 (a block of
