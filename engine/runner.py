@@ -62,7 +62,8 @@ class SequenceRunner(Protocol):
 
     def forward(self, chunks: Sequence[Chunk]) -> torch.Tensor:
         """Append each chunk's tokens to its sequence (at most one chunk per sequence, none
-        empty); float32 logits `(len(chunks), logits_width)` after each chunk's last token."""
+        empty); float32 logits `(len(chunks), logits_width)` after each chunk's last token, a
+        new tensor the caller may edit."""
         ...
 
 

@@ -262,7 +262,9 @@ class Scheduler:
             if not (self._prefilling or self._decoding):
                 continue
             try:
-                self._step()
+                # the forward's logits are inference tensors, edited in place (masks, bias)
+                with torch.inference_mode():
+                    self._step()
             except Exception as exc:  # noqa: BLE001 - the model failed: fail this step's rows
                 logger.exception("decode step failed")
                 for submission in list(self._active):
@@ -383,9 +385,12 @@ class Scheduler:
             self._prefilling.remove(prefill)
             self.stats.prompt_tokens += len(prefill.submission.spec.prompt_ids)
         rows = [row for group in samplers for row in group]
-        index = torch.tensor([i for i, group in enumerate(samplers) for _ in group],
-                             dtype=torch.long, device=logits.device)
-        logits = logits.index_select(0, index)  # a copy each row may edit
+        # a row per sampling row, which it may edit: the forward's own where each chunk has
+        # one (the prefix cache keeps copies), else copied (n > 1, chunks that sample nothing)
+        if any(len(group) != 1 for group in samplers):
+            index = torch.tensor([i for i, group in enumerate(samplers) for _ in group],
+                                 dtype=torch.long, device=logits.device)
+            logits = logits.index_select(0, index)
         bitmask = allocate_token_bitmask(len(rows), logits.shape[-1])
         need = [self._fill(row, bitmask, i) for i, row in enumerate(rows)]
         masked_rows = [i for i, flag in enumerate(need) if flag]

@@ -151,7 +151,45 @@ def apply_token_bitmask_torch(
     logits[index, :vocab_size] = logits[index, :vocab_size].masked_fill(blocked, float("-inf"))
 
 
+# A row whose mask clears at most this share of its words is masked by index (free text: a
+# few hundred special and malformed-byte tokens out of 49,152, 32 rows in 0.1 ms against 0.9).
+SPARSE_SHARE = 1 / 16
+
+
 def _apply_cpu(
+    logits: torch.Tensor, bitmask: torch.Tensor, vocab_size: int, rows: list[int]
+) -> None:
+    """Rows that block few tokens get -inf at those tokens only (`_apply_sparse`); the others
+    get a branch-free select through a numpy integer view of the logits (`_apply_dense`)."""
+    words = bitmask[:, : bitmask_words(vocab_size)].numpy()[rows]
+    cleared = words != -1
+    sparse = np.count_nonzero(cleared, axis=1) <= SPARSE_SHARE * words.shape[1]
+    if sparse.all():
+        _apply_sparse(logits, words, cleared, rows, vocab_size)
+        return
+    if sparse.any():
+        picked = np.flatnonzero(sparse).tolist()
+        _apply_sparse(logits, words[picked], cleared[picked], [rows[k] for k in picked],
+                      vocab_size)
+    _apply_dense(logits, bitmask, vocab_size,
+                 [rows[k] for k in np.flatnonzero(~sparse).tolist()])
+
+
+def _apply_sparse(logits: torch.Tensor, words: np.ndarray, cleared: np.ndarray,
+                  rows: list[int], vocab_size: int) -> None:
+    """-inf at the tokens of the words `cleared` (rows' words with a bit clear): one indexed
+    write for all rows."""
+    entry, word = np.divmod(np.flatnonzero(cleared), words.shape[1])
+    inverted = np.invert(words[entry, word].astype("<i4", copy=False))
+    bits = np.unpackbits(inverted.view(np.uint8).reshape(-1, 4), axis=1, bitorder="little")
+    which, bit = np.divmod(np.flatnonzero(bits), 32)
+    tokens = word[which] * 32 + bit
+    inside = tokens < vocab_size
+    row_ids = np.asarray(rows, dtype=np.int64)[entry[which[inside]]]
+    logits[torch.from_numpy(row_ids), torch.from_numpy(tokens[inside])] = float("-inf")
+
+
+def _apply_dense(
     logits: torch.Tensor, bitmask: torch.Tensor, vocab_size: int, rows: list[int]
 ) -> None:
     """Write -inf's bit pattern through a numpy integer view of the logits with a branch-free

@@ -39,6 +39,15 @@ def random_bitmask(rows: int, words: int, gen: torch.Generator) -> torch.Tensor:
     return torch.randint(-(2**31), 2**31, (rows, words), dtype=torch.int32, generator=gen)
 
 
+def few_blocked(rows: int, words: int, blocked: int, gen: torch.Generator) -> torch.Tensor:
+    """Every bit set but `blocked` random ones per row: free text's mask (the CPU path masks
+    such rows by index)."""
+    allowed = np.ones((rows, words * 32), dtype=bool)
+    for row in range(rows):
+        allowed[row, torch.randint(0, words * 32, (blocked,), generator=gen).numpy()] = False
+    return torch.from_numpy(pack_bool_mask(allowed))
+
+
 @dataclass
 class Case:
     """One apply_token_bitmask_inplace call; `name` says what it exercises."""
@@ -90,6 +99,16 @@ def make_cases() -> list[Case]:
         Case("none allowed", logits(1, 50), torch.zeros((1, 2), dtype=torch.int32)),
     ]
     cases.append(Case("strided rows", logits(3, 96), random_bitmask(3, 3, gen), row_padding=40))
+    mixed = few_blocked(4, 1536, 60, gen)
+    mixed[[1, 2]] = random_bitmask(2, 1536, gen)
+    cases += [
+        Case("few blocked", logits(3, 49152), few_blocked(3, 1536, 60, gen)),
+        Case("few and many blocked rows", logits(4, 49152), mixed, indices=[2, 0, 1]),
+        Case("few blocked, bfloat16", logits(2, 4096, dtype=torch.bfloat16),
+             few_blocked(2, 128, 3, gen)),
+        Case("few blocked past vocab_size", logits(2, 4096), few_blocked(2, 128, 6, gen),
+             vocab_size=4000),
+    ]
     return cases
 
 
