@@ -91,6 +91,34 @@ class _Linear:
         return F.linear(x, self.weight)
 
 
+class _GatedMLP:
+    """silu(x G^T + b) * (x U^T + c): the rows the down projection takes. On oneDNN's bfloat16
+    kernel, two products with the activation and the multiplication done in them (post-ops):
+    bfloat16 rows as the down projection reads them, with no float32 copy of the gate and up
+    products and no separate activation or multiplication (in the same process, 32 one-token
+    rows: 46.6 -> 45.8 ms a step; the activation is taken before rounding, closer to
+    float32's). Elsewhere (or with biases) one product of both, then the activation and
+    multiplication."""
+
+    def __init__(self, gate: Any, up: Any, weight_format: str):
+        self.fused = weight_format == "bfloat16" and gate.bias is None and up.bias is None
+        if self.fused:
+            self.gate = _Linear(gate.weight, None, weight_format)
+            self.up = _Linear(up.weight, None, weight_format)
+        else:
+            self.gate_up = _Linear(torch.cat([gate.weight, up.weight]), _cat_bias(gate, up),
+                                   weight_format)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.fused:
+            gate, up = self.gate_up(x).chunk(2, dim=-1)
+            return F.silu(gate) * up
+        x = x.to(torch.bfloat16)
+        gated = torch.ops.mkldnn._linear_pointwise(x, self.gate.weight, None, "swish", [None],
+                                                   "")
+        return torch.ops.mkldnn._linear_pointwise.binary(x, gated, self.up.weight, None, "mul")
+
+
 def _fp16_kernel_available() -> bool:
     try:
         torch.ops.quantized.linear_prepack_fp16(torch.zeros(1, 1), None)
@@ -123,7 +151,7 @@ class _Layer:
     k_norm: torch.Tensor | None
     out: _Linear
     mlp_norm: torch.Tensor
-    gate_up: _Linear
+    gated: _GatedMLP
     down: _Linear
 
 
@@ -187,7 +215,6 @@ class LlamaWeights:
     def _layer(layer: Any, weight_format: str) -> _Layer:
         attention, mlp = layer.self_attn, layer.mlp
         qkv = [attention.q_proj, attention.k_proj, attention.v_proj]
-        gate_up = [mlp.gate_proj, mlp.up_proj]
         q_norm = getattr(attention, "q_norm", None)
         k_norm = getattr(attention, "k_norm", None)
         return _Layer(
@@ -197,8 +224,7 @@ class LlamaWeights:
             k_norm=None if k_norm is None else k_norm.weight.detach(),
             out=_Linear(attention.o_proj.weight, attention.o_proj.bias, weight_format),
             mlp_norm=layer.post_attention_layernorm.weight.detach(),
-            gate_up=_Linear(torch.cat([p.weight for p in gate_up]), _cat_bias(*gate_up),
-                            weight_format),
+            gated=_GatedMLP(mlp.gate_proj, mlp.up_proj, weight_format),
             down=_Linear(mlp.down_proj.weight, mlp.down_proj.bias, weight_format),
         )
 
@@ -325,7 +351,7 @@ class LlamaRunner:
         cascade = device.type == "cpu"
         prefixes = [self._prefix.get(seq) if cascade and len(tokens) <= BATCHED_CHUNK else None
                     for seq, tokens in chunks]
-        plan = _AttentionPlan(slots, starts, sizes, prefixes, w.heads // w.kv_heads,
+        plan = _AttentionPlan(slots, starts, sizes, prefixes, w.heads, w.heads // w.kv_heads,
                               w.cache_dtype, device)
 
         x = F.embedding(tokens, w.embed)
@@ -347,11 +373,10 @@ class LlamaRunner:
             cache = self._kv[index]
             cache[:, slot_of_token, :, position] = qkv[:, heads * dim :].view(
                 count, 2, kv_heads, dim).to(cache.dtype)
-            attended = plan.attend(index, q.to(cache.dtype), cache[0], cache[1], scale)
+            attended = plan.attend(index, q.to(cache.dtype), cache, scale)
             layer.out.add_to(x, attended.reshape(count, heads * dim))
             h = F.rms_norm(x, (x.shape[-1],), layer.mlp_norm, eps)
-            gate, up = layer.gate_up(h).chunk(2, dim=-1)
-            layer.down.add_to(x, F.silu(gate) * up)
+            layer.down.add_to(x, layer.gated(h))
         for slot, start, size in zip(slots, starts, sizes, strict=True):
             self._lengths[slot] = start + size
         last = torch.tensor(plan.last_rows, dtype=torch.long, device=device)
@@ -404,15 +429,14 @@ class _Batch:
                    slots=_run_read([slots[i] for i in members], device),
                    queries=queries, time=time, mask=mask.to(device))
 
-    def attend(self, q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
-               scale: float, out: torch.Tensor) -> None:
+    def attend(self, q: torch.Tensor, cache: torch.Tensor, scale: float,
+               out: torch.Tensor) -> None:
         if self.queries == 1:  # a token per entry, in entry order: nothing to pad
             query = q[self.rows][:, :, None]
         else:
             query = q.new_zeros((self.mask.shape[0], q.shape[1], self.queries, q.shape[2]))
             query[self.entries, :, self.offsets] = q[self.rows]
-        keys, values = (_take(cache[:, :, : self.time], self.slots)
-                        for cache in (cache_k, cache_v))
+        keys, values = _take(cache, self.slots, 0, self.time)
         if query.device.type == "cpu":  # query heads h read kv head h // group in the kernel
             result = _flash_attention(query, keys, values, attn_mask=self.mask, scale=scale)[0]
         else:
@@ -438,10 +462,16 @@ def _additive(hidden: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.zeros(hidden.shape, dtype=dtype).masked_fill_(hidden, float("-inf"))
 
 
-def _take(cache: torch.Tensor, slots: slice | torch.Tensor) -> torch.Tensor:
-    """The slots' part of a cache read: a view of a run, else a copy (`index_select`: half the
-    time of advanced indexing on the time-sliced cache)."""
-    return cache[slots] if isinstance(slots, slice) else cache.index_select(0, slots)
+def _take(cache: torch.Tensor, slots: slice | torch.Tensor, begin: int,
+          end: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys and values of the slots' positions `begin:end` in a layer's cache (2, slots,
+    kv_heads, time, head_dim): views of a run, else copies (`index_select` of each: half the
+    time of advanced indexing on the time-sliced cache; one `index_select` of both along the
+    slots made a 32-row step with 8 forced chunks take 115 ms against 82)."""
+    if isinstance(slots, slice):
+        return cache[0, slots, :, begin:end], cache[1, slots, :, begin:end]
+    return (cache[0, :, :, begin:end].index_select(0, slots),
+            cache[1, :, :, begin:end].index_select(0, slots))
 
 
 class _AttentionPlan:
@@ -452,10 +482,10 @@ class _AttentionPlan:
     to the longest of them (padding every row to it made one jump-forward cost each row up
     to 16 queries; a call per forced chunk made constrained rows cost several times plain
     ones); each longer chunk (a prompt chunk) in a call of its own. Built once per forward,
-    used by every layer. `group`: query heads per key/value head."""
+    used by every layer. `heads`: query heads; `group`: query heads per key/value head."""
 
     def __init__(self, slots: list[int], starts: list[int], sizes: list[int],
-                 prefixes: list[tuple[torch.Tensor, int] | None], group: int,
+                 prefixes: list[tuple[torch.Tensor, int] | None], heads: int, group: int,
                  dtype: torch.dtype, device: torch.device):
         rows = [0]
         for size in sizes:
@@ -472,7 +502,7 @@ class _AttentionPlan:
                 sharing.setdefault((id(saved), length), []).append(i)
         self.shared = [_SharedPrefix(*prefixes[members[0]], [rows[i] for i in members],
                                      [slots[i] for i in members], [starts[i] for i in members],
-                                     [sizes[i] for i in members], group, dtype)
+                                     [sizes[i] for i in members], heads, group, dtype)
                        for members in sharing.values()]
         single = [i for i, size in enumerate(sizes) if size == 1 and prefixes[i] is None]
         forced = [i for i, size in enumerate(sizes)
@@ -487,18 +517,19 @@ class _AttentionPlan:
                 mask = (torch.arange(end)[None, :] <= query).to(device)
                 self.chunks.append((rows[i], rows[i + 1], slots[i], end, mask))
 
-    def attend(self, layer: int, q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
+    def attend(self, layer: int, q: torch.Tensor, cache: torch.Tensor,
                scale: float) -> torch.Tensor:
+        """`cache`: the layer's keys and values (2, slots, kv_heads, time, head_dim)."""
         out = torch.empty_like(q)
         for shared in self.shared:
-            shared.attend(layer, q, cache_k, cache_v, scale, out)
+            shared.attend(layer, q, cache, scale, out)
         for batch in self.batches:
-            batch.attend(q, cache_k, cache_v, scale, out)
+            batch.attend(q, cache, scale, out)
         for first, stop, slot, end, mask in self.chunks:
-            query = q[first:stop].transpose(0, 1)[None]
+            keys, values = _take(cache, slice(slot, slot + 1), 0, end)
             result = F.scaled_dot_product_attention(
-                query, cache_k[slot : slot + 1, :, :end], cache_v[slot : slot + 1, :, :end],
-                attn_mask=mask, scale=scale, enable_gqa=True)
+                q[first:stop].transpose(0, 1)[None], keys, values, attn_mask=mask, scale=scale,
+                enable_gqa=True)
             out[first:stop] = result[0].transpose(0, 1)
         return out
 
@@ -510,6 +541,13 @@ class _SharedPrefix:
     `engine/prefix_cache.py`): all their queries attend to the prefix in one call that reads it
     once, and to the chunks' own tokens after it (`_OwnPart`); the parts are merged by their
     log-sum-exp.
+    The own part takes two calls: every chunk's first token, one query per slot, read in place;
+    the tokens forced after it, in their few slots (gathered), padded to the longest. The
+    tokens are taken in that order (the chunks' first tokens, then the forced ones), so the
+    calls' results join by one concatenation. One call padding every chunk to the longest
+    forced chunk was no faster with chunks of 2 and slower with longer ones (32 rows, a
+    server's step of 7 forced chunks of 2-4 tokens: 61.5 ms against 60.9; one chunk of 4:
+    60.9 against 55.7).
     Attention on a CPU is bound by reading the cache: read per row, a 256-token tool block made
     a tool-call row's step cost 3x a plain one's at 32 rows, and forced chunks that read it per
     row cost a tool-call step a sixth of its time. The query heads that share a key/value head
@@ -517,30 +555,23 @@ class _SharedPrefix:
     (the attention kernel that returns the log-sum-exp is the CPU one)."""
 
     def __init__(self, saved: torch.Tensor, begin: int, rows: list[int], slots: list[int],
-                 starts: list[int], sizes: list[int], group: int, dtype: torch.dtype):
+                 starts: list[int], sizes: list[int], heads: int, group: int,
+                 dtype: torch.dtype):
         self.prefix = saved[..., :begin, :]  # (layers, 2, kv_heads, begin, head_dim)
-        self.count = sum(sizes)
-        self.tokens = _run_read([row + j for row, size in zip(rows, sizes, strict=True)
-                                 for j in range(size)], torch.device("cpu"))
-        # The own part in two calls: every chunk's first token, one query per slot (read in
-        # place); the rest of the forced chunks, padded to the longest, in their few slots
-        # (gathered). One call padding every chunk to the longest made a step of 32 rows with
-        # a few forced chunks cost 1.4x (a chunk of 12: 1.9x) one without.
-        firsts, order = [], 0
-        for size in sizes:
-            firsts.append(order)
-            order += size
-        rest = [k for k, size in enumerate(sizes) if size > 1]
-        self.own = [_OwnPart(firsts, slots, starts, [1] * len(sizes), begin, group, dtype)]
-        if rest:
-            self.own.append(_OwnPart(
-                [firsts[k] + 1 for k in rest], [slots[k] for k in rest],
-                [starts[k] + 1 for k in rest], [sizes[k] - 1 for k in rest], begin, group,
-                dtype))
+        shape = (heads, group, begin, dtype)
+        forced = [k for k, size in enumerate(sizes) if size > 1]
+        self.own = [_OwnPart(0, slots, starts, [1] * len(sizes), *shape)]
+        if forced:
+            self.own.append(_OwnPart(len(rows), [slots[k] for k in forced],
+                                     [starts[k] + 1 for k in forced],
+                                     [sizes[k] - 1 for k in forced], *shape))
+        order = rows + [rows[k] + j for k in forced for j in range(1, sizes[k])]
+        self.count = len(order)
+        self.tokens = _run_read(order, torch.device("cpu"))
 
-    def attend(self, layer: int, q: torch.Tensor, cache_k: torch.Tensor,
-               cache_v: torch.Tensor, scale: float, out: torch.Tensor) -> None:
-        count, (heads, dim), kv_heads = self.count, q.shape[1:], cache_k.shape[1]
+    def attend(self, layer: int, q: torch.Tensor, cache: torch.Tensor, scale: float,
+               out: torch.Tensor) -> None:
+        count, (heads, dim), kv_heads = self.count, q.shape[1:], cache.shape[2]
         group = heads // kv_heads
         mine = q[self.tokens]  # query head h reads kv head h // group
         prefix_out, prefix_lse = _flash_attention(
@@ -551,72 +582,72 @@ class _SharedPrefix:
             count, heads, dim)
         prefix_lse = prefix_lse.view(kv_heads, count, group).transpose(0, 1).reshape(
             count, heads)
-        if len(self.own) == 1:  # every chunk one token: the call's rows are the tokens'
-            own_out, own_lse = self.own[0].attend(mine, cache_k, cache_v, scale)
-        else:
-            own_out, own_lse = torch.empty_like(prefix_out), torch.empty_like(prefix_lse)
-            for part in self.own:
-                own_out[part.picks], own_lse[part.picks] = part.attend(
-                    mine, cache_k, cache_v, scale)
+        parts = [part.attend(mine, cache, scale) for part in self.own]
+        own_out, own_lse = parts[0] if len(parts) == 1 else (
+            torch.cat([part[0] for part in parts]), torch.cat([part[1] for part in parts]))
         # the own part's share of the softmax mass: e^own / (e^prefix + e^own)
         own_share = torch.sigmoid(own_lse - prefix_lse)[..., None].to(own_out.dtype)
         out[self.tokens] = torch.lerp(prefix_out, own_out, own_share)
 
 
 class _OwnPart:
-    """Chunks after a shared prefix (`_SharedPrefix`) attending to their own tokens after it,
-    in one call: chunk k's `sizes[k]` queries, tokens `firsts[k]...` of the step's shared order
-    at positions `starts[k]...`, are entry k in slot `slots[k]`, padded to the longest; the
-    keys read run from the prefix's end (`begin`) to the last of these queries. One query per
-    entry (the usual step): its heads as they are, the kernel mapping them to key/value heads
-    (at 32 rows, 267 us a layer against 344 with a group's heads as one head's queries);
-    several: a group's heads and an entry's queries as one key/value head's queries."""
+    """Chunks after a shared prefix (`_SharedPrefix`) attending to their own tokens after it, in
+    one call: entry k's `sizes[k]` queries, the next tokens of the shared order from `first`
+    (entry by entry), at positions `starts[k]`..., are the queries of slot `slots[k]` (read in
+    place where the slots are a run), seeing the keys from the prefix's end (`begin`) to their
+    own. One query per entry (the usual step): its heads as they are, the kernel mapping them
+    to key/value heads (at 32 rows, 267 us a layer against 344 with a group's heads as one
+    head's queries). Several: padded to the longest, a group's heads and an entry's queries as
+    its key/value head's queries (32 entries of 2 queries: 244 us against 529 with the heads
+    as they are), laid out and taken back by one `index_select` each, with indices built here:
+    this runs in every layer, where the gathers, scatters and copies it replaced cost more
+    than the call (a server's step of 32 rows with 7 forced chunks: 60.9 ms against 62.2)."""
 
-    def __init__(self, firsts: list[int], slots: list[int], starts: list[int], sizes: list[int],
-                 begin: int, group: int, dtype: torch.dtype):
-        end = max(start + size for start, size in zip(starts, sizes, strict=True))
-        self.begin, self.end = begin, end
-        self.queries = max(sizes)
-        self.picks = _run_read([first + j for first, size in zip(firsts, sizes, strict=True)
-                                for j in range(size)], torch.device("cpu"))
-        # picked token t is query offsets[t] of entry entries[t]
-        self.entries = torch.tensor([k for k, size in enumerate(sizes) for _ in range(size)],
-                                    dtype=torch.long)
-        self.offsets = torch.tensor([j for size in sizes for j in range(size)], dtype=torch.long)
+    def __init__(self, first: int, slots: list[int], starts: list[int], sizes: list[int],
+                 heads: int, group: int, begin: int, dtype: torch.dtype):
+        self.first, self.count = first, sum(sizes)
+        self.begin = begin
+        self.end = max(start + size for start, size in zip(starts, sizes, strict=True))
         self.slots = _run_read(slots, torch.device("cpu"))
+        entries, queries = len(sizes), max(sizes)
+        self.queries = queries
+        self.layout = (entries, heads // group, queries * group)
         # query j of an entry at `start` is at start + j and sees its slot up to there (a
-        # padding query sees its chunk's, ignored); with several, an entry's queries are its
-        # (query, head of the group) pairs, query-major
-        seen = torch.tensor(starts)[:, None] + torch.arange(self.queries)[None, :]
-        hidden = torch.arange(begin, end)[None, None, :] > seen[:, :, None]
+        # padding query sees as much as its entry's last)
+        seen = torch.tensor(starts)[:, None] + torch.arange(queries)[None, :]
+        hidden = torch.arange(begin, self.end)[None, None, :] > seen[:, :, None]
         mask = _additive(hidden, dtype)
-        self.mask = (mask.repeat_interleave(group, dim=1) if self.queries > 1 else mask)[:, None]
+        self.mask = (mask.repeat_interleave(group, dim=1) if queries > 1 else mask)[:, None]
+        if queries == 1:
+            return
+        # the call's query rows, (entry, kv head, query, head of the group), as rows of the
+        # flat (token, head) queries (a padding query repeats its entry's last token)
+        bases = [first + sum(sizes[:k]) for k in range(entries)]
+        places = torch.tensor([[base + min(j, size - 1) for j in range(queries)]
+                               for base, size in zip(bases, sizes, strict=True)])
+        head = torch.arange(heads).view(heads // group, 1, group)
+        self.gather = (places.view(entries, 1, queries, 1) * heads + head).reshape(-1)
+        # and back: each (token, head)'s row of the call's flat output
+        entry = torch.tensor([k for k, size in enumerate(sizes) for _ in range(size)])
+        query = torch.tensor([j for size in sizes for j in range(size)])
+        kv, member = torch.arange(heads) // group, torch.arange(heads) % group
+        self.back = (((entry[:, None] * (heads // group) + kv) * queries + query[:, None])
+                     * group + member).reshape(-1)
 
-    def attend(self, q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
+    def attend(self, mine: torch.Tensor, cache: torch.Tensor,
                scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """`q`: (tokens, heads, dim) in the shared order; the picked tokens' output (picked,
-        heads, dim) and log-sum-exp (picked, heads), in `picks` order."""
-        _, heads, dim = q.shape
-        entries, queries, kv_heads = len(self.mask), self.queries, cache_k.shape[1]
-        group = heads // kv_heads
-        picked = q[self.picks]
-        if queries > 1:  # an entry's queries and heads that read a kv head as its queries
-            padded = picked.new_zeros((entries, queries, kv_heads, group, dim))
-            padded[self.entries, self.offsets] = picked.view(-1, kv_heads, group, dim)
-            picked = padded.transpose(1, 2).reshape(entries, kv_heads, queries * group, dim)
-        else:  # one query per entry: the kernel reads each kv head for its group's heads
-            picked = picked[:, :, None]
-        own_out, own_lse = _flash_attention(
-            picked, _take(cache_k[:, :, self.begin : self.end], self.slots),
-            _take(cache_v[:, :, self.begin : self.end], self.slots), attn_mask=self.mask,
-            scale=scale)
-        if queries > 1:  # back to (token, head, ...)
-            own_out = own_out.view(entries, kv_heads, queries, group, dim).transpose(1, 2)[
-                self.entries, self.offsets].reshape(-1, heads, dim)
-            own_lse = own_lse.view(entries, kv_heads, queries, group).transpose(1, 2)[
-                self.entries, self.offsets].reshape(-1, heads)
-            return own_out, own_lse
-        return own_out[:, :, 0], own_lse[:, :, 0]
+        """`mine`: the shared prefix's queries (tokens, heads, dim); the output (tokens, heads,
+        dim) and log-sum-exp (tokens, heads) of this part's tokens."""
+        _, heads, dim = mine.shape
+        keys, values = _take(cache, self.slots, self.begin, self.end)
+        if self.queries == 1:
+            out, lse = _flash_attention(mine[self.first : self.first + self.count, :, None],
+                                        keys, values, attn_mask=self.mask, scale=scale)
+            return out[:, :, 0], lse[:, :, 0]
+        query = mine.reshape(-1, dim).index_select(0, self.gather).view(*self.layout, dim)
+        out, lse = _flash_attention(query, keys, values, attn_mask=self.mask, scale=scale)
+        return (out.reshape(-1, dim).index_select(0, self.back).view(-1, heads, dim),
+                lse.reshape(-1).index_select(0, self.back).view(-1, heads))
 
 
 # (output, log-sum-exp of each query's scores): what merging two parts of attention needs

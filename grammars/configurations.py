@@ -133,6 +133,8 @@ class Configurations:
         # the trie), a whole row at a time where it needs many; `_complete` marks whole rows.
         self._rows: list[array] = [array("i", bytes(1024))]  # DEAD everywhere
         self._thread_rows: list[array] = [self._rows[0]]
+        # `forced_bytes` of the configurations asked (jump-forward asks every step of a row)
+        self._forced: dict[int, bytes | None] = {}
         self._complete: list[bool] = [True]
         self._held: list[bytes] = [b""]
         self._base: list[int] = [DEAD]
@@ -402,6 +404,11 @@ class Configurations:
 
     def forced_bytes(self, config: int) -> bytes | None:
         """The single byte every continuation must start with, or None."""
+        if config not in self._forced:
+            self._forced[config] = self._find_forced_byte(config)
+        return self._forced[config]
+
+    def _find_forced_byte(self, config: int) -> bytes | None:
         if self._accepting[config]:
             return None
         if self._lexed:  # read off the lexed transitions

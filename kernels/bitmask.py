@@ -152,39 +152,55 @@ def apply_token_bitmask_torch(
 
 
 # A row whose mask clears at most this share of its words is masked by index (free text: a
-# few hundred special and malformed-byte tokens out of 49,152, 32 rows in 0.2 ms against 0.95).
+# few hundred special and malformed-byte tokens out of 49,152, 32 rows in 0.2 ms against 0.95);
+# one that sets at most this share keeps its allowed tokens' logits and is filled with -inf
+# around them (a tool call's JSON outside its strings allows a few dozen tokens: 80% of a tool
+# call's masked rows; the steps of 32 tool-call rows in 0.87 ms against 1.15-1.24).
 SPARSE_SHARE = 1 / 16
 
 
 def _apply_cpu(
     logits: torch.Tensor, bitmask: torch.Tensor, vocab_size: int, rows: list[int]
 ) -> None:
-    """Rows that block few tokens get -inf at those tokens only (`_apply_sparse`); the others
-    get a branch-free select through a numpy integer view of the logits (`_apply_dense`)."""
+    """Rows that block few tokens get -inf at those tokens only; rows that allow few get -inf
+    around those tokens' logits; the others get a branch-free select through a numpy integer
+    view of the logits (`_apply_dense`)."""
     words = bitmask[:, : bitmask_words(vocab_size)].numpy()[rows]
+    limit = SPARSE_SHARE * words.shape[1]
     cleared = words != -1
-    sparse = np.count_nonzero(cleared, axis=1) <= SPARSE_SHARE * words.shape[1]
-    picked = np.flatnonzero(sparse).tolist()
-    if picked:
-        _apply_sparse(logits, words[picked], cleared[picked], [rows[k] for k in picked],
-                      vocab_size)
-    dense = [rows[k] for k in np.flatnonzero(~sparse).tolist()]
+    few_blocked = np.count_nonzero(cleared, axis=1) <= limit
+    picked = np.flatnonzero(few_blocked).tolist()
+    if picked:  # -inf at the tokens of the cleared bits: one indexed write for all rows
+        blocked = _bit_tokens(np.invert(words[picked]), cleared[picked],
+                              [rows[k] for k in picked], vocab_size)
+        logits[blocked] = float("-inf")
+    allowing = words != 0
+    few_allowed = ~few_blocked & (np.count_nonzero(allowing, axis=1) <= limit)
+    picked = np.flatnonzero(few_allowed).tolist()
+    if picked:  # the allowed tokens' logits kept, the rows filled, those put back
+        allowed = _bit_tokens(words[picked], allowing[picked], [rows[k] for k in picked],
+                              vocab_size)
+        kept = logits[allowed]
+        logits[:, :vocab_size].index_fill_(
+            0, torch.tensor([rows[k] for k in picked], dtype=torch.long), float("-inf"))
+        logits[allowed] = kept
+    dense = [rows[k] for k in np.flatnonzero(~(few_blocked | few_allowed)).tolist()]
     if dense:
         _apply_dense(logits, bitmask, vocab_size, dense)
 
 
-def _apply_sparse(logits: torch.Tensor, words: np.ndarray, cleared: np.ndarray,
-                  rows: list[int], vocab_size: int) -> None:
-    """-inf at the tokens of the words `cleared` (rows' words with a bit clear): one indexed
-    write for all rows."""
-    entry, word = np.divmod(np.flatnonzero(cleared), words.shape[1])
-    inverted = np.invert(words[entry, word].astype("<i4", copy=False))
-    bits = np.unpackbits(inverted.view(np.uint8).reshape(-1, 4), axis=1, bitorder="little")
+def _bit_tokens(words: np.ndarray, picked: np.ndarray, rows: list[int],
+                vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits row, token) of each set bit, below `vocab_size`, of the `picked` words (a boolean
+    array shaped like `words`, whose k-th row is logits row `rows[k]`'s)."""
+    entry, word = np.divmod(np.flatnonzero(picked), words.shape[1])
+    chosen = words[entry, word].astype("<i4", copy=False)
+    bits = np.unpackbits(chosen.view(np.uint8).reshape(-1, 4), axis=1, bitorder="little")
     which, bit = np.divmod(np.flatnonzero(bits), 32)
     tokens = word[which] * 32 + bit
     inside = tokens < vocab_size
     row_ids = np.asarray(rows, dtype=np.int64)[entry[which[inside]]]
-    logits[torch.from_numpy(row_ids), torch.from_numpy(tokens[inside])] = float("-inf")
+    return torch.from_numpy(row_ids), torch.from_numpy(tokens[inside])
 
 
 def _apply_dense(

@@ -109,10 +109,11 @@ def test_json_schema_outputs_validate(engine: Engine) -> None:
     ])
     finished = 0
     for schema, result in zip(schemas, results, strict=True):
-        if result.finish_reason == "length":  # rambling in a free string: a valid prefix
+        if result.finish_reason == "length":  # cut by the budget: a valid prefix, or complete
+            # where closing under the budget (close_on_length) finished it on the last token
             parser = Grammar.from_json_schema(schema, strict=True).stream_parser()
             parser.feed(result.message["content"])
-            assert parser.status == "prefix"
+            assert parser.status in ("prefix", "complete")
             continue
         assert result.finish_reason == "stop", result.text
         jsonschema.validate(json.loads(result.message["content"]), schema)

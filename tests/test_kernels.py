@@ -48,6 +48,15 @@ def few_blocked(rows: int, words: int, blocked: int, gen: torch.Generator) -> to
     return torch.from_numpy(pack_bool_mask(allowed))
 
 
+def few_allowed(rows: int, words: int, allowed: int, gen: torch.Generator) -> torch.Tensor:
+    """No bit set but `allowed` random ones per row: a tool call's JSON between its strings
+    (the CPU path keeps those logits and fills the rest)."""
+    mask = np.zeros((rows, words * 32), dtype=bool)
+    for row in range(rows):
+        mask[row, torch.randint(0, words * 32, (allowed,), generator=gen).numpy()] = True
+    return torch.from_numpy(pack_bool_mask(mask))
+
+
 @dataclass
 class Case:
     """One apply_token_bitmask_inplace call; `name` says what it exercises."""
@@ -108,6 +117,19 @@ def make_cases() -> list[Case]:
              few_blocked(2, 128, 3, gen)),
         Case("few blocked past vocab_size", logits(2, 4096), few_blocked(2, 128, 6, gen),
              vocab_size=4000),
+    ]
+    kinds = torch.cat([few_allowed(2, 1536, 40, gen), few_blocked(1, 1536, 60, gen),
+                       random_bitmask(1, 1536, gen)])
+    cases += [
+        Case("few allowed", logits(3, 49152), few_allowed(3, 1536, 40, gen)),
+        Case("few allowed, few blocked and many blocked rows", logits(5, 49152), kinds,
+             indices=[3, 0, 2, 1]),
+        Case("few allowed, bfloat16", logits(2, 4096, dtype=torch.bfloat16),
+             few_allowed(2, 128, 4, gen)),
+        Case("few allowed past vocab_size", logits(2, 4096), few_allowed(2, 128, 6, gen),
+             vocab_size=4000),
+        Case("few allowed, strided rows", logits(2, 4096), few_allowed(2, 128, 5, gen),
+             row_padding=64),
     ]
     return cases
 
