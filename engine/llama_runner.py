@@ -62,7 +62,7 @@ class _Linear:
         self.format = weight_format
         self.bias = bias
         if weight_format == "bfloat16":
-            self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.bfloat16(), None)
+            self.weight = _prepack_bf16(weight)
         elif weight_format == "float16":
             self.weight = torch.ops.quantized.linear_prepack_fp16(weight.float(), bias)
             self.bias = None
@@ -102,9 +102,8 @@ class _GatedMLP:
 
     def __init__(self, gate: Any, up: Any, weight_format: str):
         self.fused = weight_format == "bfloat16" and gate.bias is None and up.bias is None
-        if self.fused:
-            self.gate = _Linear(gate.weight, None, weight_format)
-            self.up = _Linear(up.weight, None, weight_format)
+        if self.fused:  # oneDNN-prepacked weights, each product called with its post-op
+            self.gate, self.up = _prepack_bf16(gate.weight), _prepack_bf16(up.weight)
         else:
             self.gate_up = _Linear(torch.cat([gate.weight, up.weight]), _cat_bias(gate, up),
                                    weight_format)
@@ -114,9 +113,13 @@ class _GatedMLP:
             gate, up = self.gate_up(x).chunk(2, dim=-1)
             return F.silu(gate) * up
         x = x.to(torch.bfloat16)
-        gated = torch.ops.mkldnn._linear_pointwise(x, self.gate.weight, None, "swish", [None],
-                                                   "")
-        return torch.ops.mkldnn._linear_pointwise.binary(x, gated, self.up.weight, None, "mul")
+        gated = torch.ops.mkldnn._linear_pointwise(x, self.gate, None, "swish", [None], "")
+        return torch.ops.mkldnn._linear_pointwise.binary(x, gated, self.up, None, "mul")
+
+
+def _prepack_bf16(weight: torch.Tensor) -> torch.Tensor:
+    """`weight` rounded to bfloat16 and laid out for oneDNN's product (AMX)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.bfloat16(), None)
 
 
 def _fp16_kernel_available() -> bool:
@@ -134,8 +137,7 @@ def bf16_kernel_available() -> bool:
     try:
         if not torch.cpu._is_amx_tile_supported():
             return False
-        weight = torch.ops.mkldnn._reorder_linear_weight(
-            torch.zeros(16, 16, dtype=torch.bfloat16), None)
+        weight = _prepack_bf16(torch.zeros(16, 16))
         torch.ops.mkldnn._linear_pointwise(torch.zeros(1, 16, dtype=torch.bfloat16), weight,
                                            None, "none", [None], "")
     except (RuntimeError, AttributeError):
@@ -558,13 +560,13 @@ class _SharedPrefix:
                  starts: list[int], sizes: list[int], heads: int, group: int,
                  dtype: torch.dtype):
         self.prefix = saved[..., :begin, :]  # (layers, 2, kv_heads, begin, head_dim)
-        shape = (heads, group, begin, dtype)
+        model = (heads, group, begin, dtype)  # what both own-part calls take alike
         forced = [k for k, size in enumerate(sizes) if size > 1]
-        self.own = [_OwnPart(0, slots, starts, [1] * len(sizes), *shape)]
+        self.own = [_OwnPart(0, slots, starts, [1] * len(sizes), *model)]
         if forced:
             self.own.append(_OwnPart(len(rows), [slots[k] for k in forced],
                                      [starts[k] + 1 for k in forced],
-                                     [sizes[k] - 1 for k in forced], *shape))
+                                     [sizes[k] - 1 for k in forced], *model))
         order = rows + [rows[k] + j for k in forced for j in range(1, sizes[k])]
         self.count = len(order)
         self.tokens = _run_read(order, torch.device("cpu"))
