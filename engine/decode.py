@@ -562,7 +562,10 @@ def _ban(logits: torch.Tensor, members: list[int], banned: frozenset[int],
     where = (torch.tensor(members, dtype=torch.long, device=device)[:, None], ids[None, :])
     saved = logits[where]
     logits[where] = float("-inf")
-    checked = [k for k, flag in enumerate(masked) if flag]
+    # only a masked row whose mask allowed a banned token can be left with none (a tool-call
+    # row outside its last call allows no end token: no pass over its whole row)
+    allowed = (saved > float("-inf")).any(dim=1).tolist()
+    checked = [k for k, flag in enumerate(masked) if flag and allowed[k]]
     if not checked:
         return
     rows = _rows_of(logits, [members[k] for k in checked])

@@ -11,7 +11,7 @@ import torch
 
 from pegmask.engine import Engine
 from pegmask.engine.model import load_backend
-from pegmask.engine.prefix_cache import SHARED_BLOCK, PrefixCache
+from pegmask.engine.prefix_cache import SHARED_MIN, PrefixCache
 
 BLOCK = 16
 
@@ -106,25 +106,29 @@ def test_a_prompt_sharing_part_of_a_kept_prefix_holds_only_that_part() -> None:
 
 def test_prompts_that_differ_after_a_long_common_beginning_share_one_copy_of_it(
         runner, monkeypatch) -> None:
-    """Attention reads a kept beginning once for every sequence that starts with it: whole
-    SHARED_BLOCKs of the first prompt kept, also for later prompts that only begin like it
-    (the same tools, another question); a shorter beginning is not shared."""
+    """Attention reads a kept beginning once for every sequence that starts with it: the whole
+    beginning the kept prompts agree on, to the token (the same tools, another question), one
+    copy for all of them, also for a prompt kept before the others came; a lone prompt shares
+    what it holds; a beginning shorter than SHARED_MIN is not shared."""
     shared: list[tuple[int, object, int]] = []
     monkeypatch.setattr(runner, "share", lambda seq, saved, length: shared.append(
         (seq, saved, length)))
     cache = PrefixCache(runner, capacity=4, block=BLOCK)
-    tools = prompt(12, SHARED_BLOCK + 20)
-    first, second = tools + prompt(13, 30), tools + prompt(14, 25)
+    tools = prompt(12, SHARED_MIN + 21)
+    first, second, third = (tools + prompt(seed, 30 + seed) for seed in (13, 14, 15))
     serve(cache, runner, first)
-    assert {(saved, length) for _, saved, length in shared} == {(shared[0][1], SHARED_BLOCK)}
+    # kept block by block, alone: each time all it holds
+    assert [length for _, _, length in shared] == list(
+        range(SHARED_MIN, len(first) // BLOCK * BLOCK + 1, BLOCK))
     shared.clear()
     serve(cache, runner, second)
     again, _, _ = cache.start(first)
-    roots = {(id(saved), length) for _, saved, length in shared}
-    assert len(roots) == 1 and roots.pop()[1] == SHARED_BLOCK
-    assert again in {seq for seq, _, _ in shared} and len(cache) == 2
+    serve(cache, runner, third)
+    last = {seq: (id(saved), length) for seq, saved, length in shared}  # once prefilled
+    assert len(last) == 3 and len(set(last.values())) == 1 and len(cache) == 3
+    assert last[again][1] == len(tools)
     shared.clear()
-    serve(cache, runner, prompt(15, SHARED_BLOCK - 1))
+    serve(cache, runner, prompt(16, SHARED_MIN - 1))
     assert shared == []
 
 
