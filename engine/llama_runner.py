@@ -555,7 +555,8 @@ class _SharedPrefix:
     row cost a tool-call step a sixth of its time. The prefix call takes the query heads as
     they are, the kernel reading each one's key/value head, through views (alone, at 32 tokens:
     106 us a layer against 129 with a group's heads as its key/value head's queries, which took
-    three copies; in a step, within noise). CPU only (the attention kernel that returns the log-sum-exp is the CPU one)."""
+    three copies; in a step, within noise). CPU only (the attention kernel that returns the
+    log-sum-exp is the CPU one)."""
 
     def __init__(self, saved: torch.Tensor, begin: int, rows: list[int], slots: list[int],
                  starts: list[int], sizes: list[int], heads: int, group: int,
