@@ -707,8 +707,8 @@ def cmd_decode(args: argparse.Namespace) -> int:
         runner = engine.runner
         forward = runner.forward
 
-        def synchronized(chunks: Any) -> Any:
-            logits = forward(chunks)
+        def synchronized(*args: Any) -> Any:
+            logits = forward(*args)
             torch.cuda.synchronize()
             return logits
 

@@ -46,6 +46,7 @@ from pegmask.kernels.logits import apply_logit_bias, apply_penalties
 if TYPE_CHECKING:
     from pegmask.dialects import DialectStreamParser
     from pegmask.engine.requests import SamplingParams
+    from pegmask.engine.speculation import PromptLookup
     from pegmask.grammars.compiler import CompiledGrammar
     from pegmask.grammars.matcher import GrammarMatcher
     from pegmask.grammars.vocab import Vocabulary
@@ -195,6 +196,8 @@ class DecodeStats:
     forced_tokens: int = 0
     prompt_tokens: int = 0
     cached_prompt_tokens: int = 0  # of `prompt_tokens`, read from the prefix cache
+    drafted_tokens: int = 0  # fed as drafts (engine/speculation.py)
+    draft_tokens_kept: int = 0  # of `drafted_tokens`, what the samples agreed with
 
 
 @dataclass
@@ -240,6 +243,7 @@ class Row:
         self.closing = False  # this step's mask is the closing mask
         self.plan: list[int] = []  # a completion to append without sampling (budget's end)
         self.failure: Exception | None = None  # raised while filling the mask
+        self.lookup: PromptLookup | None = None  # its drafts (made by the scheduler)
         self._bias: tuple[torch.Tensor, torch.Tensor] | None = None
         if sampling.logit_bias:
             ids, values = zip(*sampling.logit_bias, strict=True)
@@ -375,6 +379,22 @@ class Row:
                             frequency=sampling.frequency_penalty,
                             presence=sampling.presence_penalty,
                             repetition=sampling.repetition_penalty)
+
+    def draftable(self, tokens: Sequence[int]) -> list[int]:
+        """The leading `tokens` a draft may hold: those the grammar accepts one after the other
+        (the matcher is left as it was), up to a stop or end token (the row ends there)."""
+        matcher, kept = self.matcher, []
+        for token in tokens:
+            if token in self.stop_ids or token in self.spec.eos_ids:
+                break
+            if matcher is not None and not matcher.accept_token(token):
+                break
+            kept.append(token)
+            if matcher is not None and (matcher.stopped or matcher.is_terminated()):
+                break
+        if matcher is not None and kept:
+            matcher.rollback(len(kept))
+        return kept
 
     def banned(self) -> frozenset[int]:
         """The tokens this step may not draw: end tokens under ignore_eos, and stop tokens

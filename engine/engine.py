@@ -178,7 +178,9 @@ class Engine:
     once and `max_queued` requests wait for room (more: `QueueFullError`); `prefill_chunk` bounds
     the prompt tokens of one step; `prefix_cache` prompt prefixes are kept so that requests
     sharing one (the same tools) skip its prefill (engine/prefix_cache.py; 0: none);
-    `request_timeout_s` bounds a request's time. `fp16_weights`, `bf16_weights` (the
+    `draft_budget`: a step's rows get prompt-lookup drafts of their next tokens, checked in
+    the same forward, while the step holds fewer tokens than this (engine/speculation.py; the
+    output's distribution does not change; 0: none); `request_timeout_s` bounds a request's time. `fp16_weights`, `bf16_weights` (the
     products' weights on the CPU, llama-family models; both None: bfloat16 where the CPU has
     AMX, else float16; `fp16_weights=False`: float32; `bf16_weights=True`: bfloat16, CPUs with
     AMX only): see engine/llama_runner.py.
@@ -208,6 +210,7 @@ class Engine:
         max_queued: int = 256,
         prefill_chunk: int = 256,
         prefix_cache: int = 4,
+        draft_budget: int = 48,
         request_timeout_s: float | None = None,
         fp16_weights: bool | None = None,
         bf16_weights: bool | None = None,
@@ -257,7 +260,7 @@ class Engine:
         self._prepare_lock = threading.Lock()
         self.limits = Limits(max_running=max_running, max_queued=max_queued,
                              prefill_chunk=prefill_chunk, request_timeout_s=request_timeout_s,
-                             prefix_cache=prefix_cache)
+                             prefix_cache=prefix_cache, draft_budget=draft_budget)
         self.stats = DecodeStats()
         self.runner = self.backend.runner(fp16_weights=fp16_weights, bf16_weights=bf16_weights)
         # The raw text of turns with tool calls, replayed when clients send the calls back.

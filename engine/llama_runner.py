@@ -312,6 +312,14 @@ class LlamaRunner:
     def share(self, seq: int, saved: torch.Tensor, length: int) -> None:
         self._prefix[seq] = (saved, length)
 
+    def truncate(self, seq: int, length: int) -> None:
+        """The cache past `length` is left as it is: no call reads a slot past its length."""
+        slot = self._slot[seq]
+        if not 0 <= length <= self._lengths[slot]:
+            raise ValueError(f"cannot truncate a sequence of {self._lengths[slot]} tokens to "
+                             f"{length}")
+        self._lengths[slot] = length
+
     def _reserve(self, slots: int, time: int) -> None:
         """Grow the cache (doubling) to hold `slots` sequences of `time` tokens."""
         w = self.weights
@@ -335,13 +343,17 @@ class LlamaRunner:
 
     # ----------------------------------------------------------------- forward
     @torch.inference_mode()
-    def forward(self, chunks: Sequence[Chunk]) -> torch.Tensor:
+    def forward(self, chunks: Sequence[Chunk], scored: Sequence[int] | None = None,
+                ) -> torch.Tensor:
         w, device = self.weights, self.device
         slots = [self._slot[seq] for seq, _ in chunks]
         starts = [self._lengths[slot] for slot in slots]
         sizes = [len(tokens) for _, tokens in chunks]
         if min(sizes, default=0) < 1:
             raise ValueError("every chunk needs at least one token")
+        if scored is not None and not all(1 <= keep <= size
+                                          for keep, size in zip(scored, sizes, strict=True)):
+            raise ValueError("each chunk's scored tokens must be 1 to its length")
         self._reserve(len(self._seqs), max(s + n for s, n in zip(starts, sizes, strict=True)))
         tokens = torch.tensor([t for _, chunk in chunks for t in chunk], dtype=torch.long)
         slot_of_token = torch.tensor([s for s, n in zip(slots, sizes, strict=True)
@@ -381,8 +393,11 @@ class LlamaRunner:
             layer.down.add_to(x, layer.gated(h))
         for slot, start, size in zip(slots, starts, sizes, strict=True):
             self._lengths[slot] = start + size
-        last = torch.tensor(plan.last_rows, dtype=torch.long, device=device)
-        h = F.rms_norm(x[last], (x.shape[-1],), w.norm, eps)
+        rows = plan.last_rows if scored is None else [
+            row for last, keep in zip(plan.last_rows, scored, strict=True)
+            for row in range(last - keep + 1, last + 1)]
+        h = F.rms_norm(x[torch.tensor(rows, dtype=torch.long, device=device)], (x.shape[-1],),
+                       w.norm, eps)
         return w.lm_head(h).float()
 
 

@@ -60,10 +60,17 @@ class SequenceRunner(Protocol):
         """Tokens in the sequence so far."""
         ...
 
-    def forward(self, chunks: Sequence[Chunk]) -> torch.Tensor:
+    def forward(self, chunks: Sequence[Chunk], scored: Sequence[int] | None = None,
+                ) -> torch.Tensor:
         """Append each chunk's tokens to its sequence (at most one chunk per sequence, none
-        empty); float32 logits `(len(chunks), logits_width)` after each chunk's last token, a
+        empty); float32 logits `(sum(scored), logits_width)` after each of the last
+        `scored[i]` tokens of chunk i, chunk by chunk (None: after each chunk's last token), a
         new tensor the caller may edit."""
+        ...
+
+    def truncate(self, seq: int, length: int) -> None:
+        """Keep only the first `length` tokens of `seq` (a draft's tokens the samples did not
+        keep: engine/speculation.py)."""
         ...
 
 
@@ -115,18 +122,24 @@ class TransformersRunner:
     def length(self, seq: int) -> int:
         return self._lengths[seq]
 
+    def truncate(self, seq: int, length: int) -> None:
+        self._caches[seq].crop(length)
+        self._lengths[seq] = length
+
     @torch.inference_mode()
-    def forward(self, chunks: Sequence[Chunk]) -> torch.Tensor:
+    def forward(self, chunks: Sequence[Chunk], scored: Sequence[int] | None = None,
+                ) -> torch.Tensor:
         rows = []
-        for seq, tokens in chunks:
+        for index, (seq, tokens) in enumerate(chunks):
             start = self._lengths[seq]
+            keep = 1 if scored is None else scored[index]
             ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)
             positions = torch.arange(start, start + len(tokens), device=self.device)[None]
             out = self.model(input_ids=ids, position_ids=positions, use_cache=True,
-                             logits_to_keep=1, **{self._cache_arg: self._caches[seq]})
+                             logits_to_keep=keep, **{self._cache_arg: self._caches[seq]})
             self._lengths[seq] = start + len(tokens)
-            rows.append(out.logits[0, -1].float())
-        return torch.stack(rows)
+            rows.append(out.logits[0, -keep:].float())
+        return torch.cat(rows)
 
 
 def _first_tokens(cache: Any, length: int | None) -> Any:

@@ -6,7 +6,9 @@ loop runs in its own thread. Between two steps it admits waiting requests while 
 for their choices (`Limits.max_running`), and drops the rows of cancelled or timed-out requests.
 Each step is one forward over every row's new tokens: a prompt chunk of at most
 `Limits.prefill_chunk` tokens for requests still prefilling, the sampled (and jump-forward)
-tokens of the others, so a long prompt never stalls the rows that decode. A prompt that begins
+tokens of the others (and, in a step of few rows, drafts of their next tokens checked in the
+same forward: engine/speculation.py), so a long prompt never stalls the rows that decode. A
+prompt that begins
 with a kept prefix (the tool definitions every request of a client repeats) starts as a copy
 of it and prefills only the rest (engine/prefix_cache.py). Then every row that
 has logits is masked (one bitmask for the step), sampled and advanced on its own: one row's
@@ -33,6 +35,7 @@ import torch
 
 from pegmask.engine.decode import DecodeStats, Delta, Row, RowSpec, TokenLogprob, draw_rows
 from pegmask.engine.prefix_cache import PrefixCache
+from pegmask.engine.speculation import PromptLookup
 from pegmask.kernels import allocate_token_bitmask, apply_token_bitmask_inplace
 
 if TYPE_CHECKING:
@@ -41,6 +44,10 @@ if TYPE_CHECKING:
     from pegmask.grammars.vocab import Vocabulary
 
 logger = logging.getLogger("pegmask.scheduler")
+
+# A drafted row's chunk (its sampled and forced tokens, then the draft) holds at most this many
+# tokens: the runner's batched attention call takes chunks up to 16 (llama_runner.BATCHED_CHUNK).
+MAX_CHUNK = 16
 
 
 @dataclass(frozen=True)
@@ -54,13 +61,16 @@ class Limits:
     prefill_chunk: int = 256
     request_timeout_s: float | None = None
     prefix_cache: int = 4  # prompt prefixes kept for reuse (engine/prefix_cache.py; 0: none)
+    # drafts (engine/speculation.py) are added while a step holds fewer tokens (0: none)
+    draft_budget: int = 48
 
     def __post_init__(self) -> None:
         for name in ("max_running", "max_queued", "prefill_chunk"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
-        if self.prefix_cache < 0:
-            raise ValueError("prefix_cache must be at least 0")
+        for name in ("prefix_cache", "draft_budget"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be at least 0")
         if self.request_timeout_s is not None and self.request_timeout_s <= 0:
             raise ValueError("request_timeout_s must be positive")
 
@@ -338,8 +348,9 @@ class Scheduler:
         started = time.perf_counter()
         chunks: list[Chunk] = []
         samplers: list[list[Row]] = []  # per chunk: the rows that sample from its logits
+        drafts = self._drafts() if not self._prefilling else {}
         for row in self._decoding:
-            chunks.append((row.seq, row.pending))
+            chunks.append((row.seq, row.pending + drafts.get(row, [])))
             samplers.append([row])
         decoding = len(chunks)
         budget = self.limits.prefill_chunk
@@ -369,8 +380,21 @@ class Scheduler:
                 samplers.append(prefill.submission.rows)
             else:
                 samplers.append([])
-        logits = self.runner.forward(chunks) if chunks else torch.empty(
-            0, self.runner.logits_width, device=self.runner.device)
+        if drafts:  # a drafted row's logits after each of its drafted tokens, kept apart
+            scored = [1 + len(drafts.get(row, [])) for row in self._decoding]
+            scored += [1] * (len(chunks) - decoding)
+            logits = self.runner.forward(chunks, scored)
+            firsts, after_draft, at = [], {}, 0
+            for row, count in zip(self._decoding, scored, strict=False):
+                firsts.append(at)
+                after_draft[row] = logits[at + 1 : at + count]
+                at += count
+            firsts += range(at, logits.shape[0])
+            logits = logits[firsts]
+        elif chunks:
+            logits = self.runner.forward(chunks)
+        else:
+            logits = torch.empty(0, self.runner.logits_width, device=self.runner.device)
         forwarded = time.perf_counter()
         for prefill, index in advanced:  # whole blocks in: requests prefilling behind can use them
             prompt = prefill.submission.spec.prompt_ids
@@ -404,13 +428,78 @@ class Scheduler:
         held: dict[Submission, None] = {}
         try:
             drawn = draw_rows(rows, logits, device_mask, need)
+            before = {row: len(row.generated) for row in drafts}
             for i, row in enumerate(rows):
                 self._sample(row, logits[i], device_mask[i], need[i], held, drawn[i])
+            for row, draft in drafts.items():
+                self._verify(row, draft, after_draft[row], before[row], held)
         finally:
             for submission in held:
                 submission._wake()
         done = time.perf_counter()
         self._account(started, forwarded, masked, done, decoding, rows)
+
+    def _drafts(self) -> dict[Row, list[int]]:
+        """Prompt-lookup drafts (engine/speculation.py) for the decoding rows, longest matches
+        first, while the step's tokens stay under `Limits.draft_budget`, each row's under an
+        equal share of it (a step's rows wait for its slowest one: drafts for a few rows that
+        slow every row's step cost the others more than they gain); each checked against the
+        row's grammar and within its room (a chunk of at most `MAX_CHUNK` tokens)."""
+        rows = len(self._decoding)
+        budget = self.limits.draft_budget - sum(len(row.pending) for row in self._decoding)
+        share = (self.limits.draft_budget - rows) // max(rows, 1)
+        if budget <= 0 or share <= 0:
+            return {}
+        offers = []
+        for row in self._decoding:
+            room = min(row.room - 1, MAX_CHUNK - len(row.pending), share)
+            if room <= 0 or row.failure is not None:
+                continue
+            if row.lookup is None:
+                row.lookup = PromptLookup(row.spec.prompt_ids)
+            row.lookup.follow(row.generated)
+            draft, match = row.lookup.propose(rows)
+            if draft:
+                offers.append((match, row, draft[:room]))
+        drafts = {}
+        for _, row, draft in sorted(offers, key=lambda offer: -offer[0]):
+            draft = row.draftable(draft[:budget])
+            if draft:
+                drafts[row] = draft
+                budget -= len(draft)
+                if budget <= 0:
+                    break
+        self.stats.drafted_tokens += sum(len(draft) for draft in drafts.values())
+        return drafts
+
+    def _verify(self, row: Row, draft: list[int], logits: torch.Tensor, start: int,
+                held: dict[Submission, None]) -> None:
+        """Go on sampling `row` from the logits after its drafted tokens while what it samples
+        (and the grammar forces) is the draft: position by position, as later steps would have
+        (its mask filled at each). What it produces past or off the draft is its next chunk;
+        the draft's tokens after that are dropped from its sequence. `start`: the row's output
+        length before this step's first sample."""
+        kept = 0  # drafted tokens the samples agreed with (their keys and values stand)
+        bitmask = allocate_token_bitmask(1, logits.shape[-1])
+        while row.finish_reason is None and row in self._owner:
+            produced = row.generated[start:]
+            agree = 0
+            while (agree < len(produced) and kept + agree < len(draft)
+                   and produced[agree] == draft[kept + agree]):
+                agree += 1
+            kept += agree
+            if agree < len(produced) or not produced:
+                row.pending = produced[agree:]
+                break
+            start = len(row.generated)
+            after = logits[kept - 1]
+            need = self._fill(row, bitmask, 0)
+            if need:
+                apply_token_bitmask_inplace(after, bitmask[0].to(after.device))
+            self._sample(row, after, bitmask[0], need, held, None)
+        self.stats.draft_tokens_kept += kept
+        if row.finish_reason is None and row in self._owner and kept < len(draft):
+            self.runner.truncate(row.seq, self.runner.length(row.seq) - (len(draft) - kept))
 
     def _fill(self, row: Row, bitmask: torch.Tensor, index: int) -> bool:
         try:

@@ -309,3 +309,36 @@ def test_short_chunks_after_a_shared_prefix_match_transformers(name: str, weight
     assert shared == [(2, 3, 1), (4, 4, 0), (4, 10, 3), (4, 8, 1), (4, 4, 0), (4, 7, 2),
                       (4, 4, 0)]
     assert in_place[-1]
+
+
+@pytest.mark.parametrize("weight_format", sorted(FORMATS))
+def test_scored_chunks_and_truncate_match_token_by_token(weight_format: str) -> None:
+    """A chunk scored at its last k tokens (a row's draft) gives the logits after each of them,
+    as feeding them one at a time does; truncating drops the last tokens as if they had never
+    been fed (a shared prefix's rows included). Both runners alike."""
+    model = tiny_model("llama")
+    tolerance = FORMATS[weight_format]
+    for runner in (LlamaRunner(weights_in(model, weight_format)),
+                   TransformersRunner(model, torch.device("cpu"))):
+        reference = TransformersRunner(model, torch.device("cpu"))
+        a, b, ra = runner.add(), runner.add(), reference.add()
+        runner.forward([(a, [1, 2, 3, 4, 5, 6]), (b, [9, 8, 7])])
+        reference.forward([(ra, [1, 2, 3, 4, 5, 6])])
+        logits = runner.forward([(b, [6]), (a, [10, 11, 12, 13])], scored=[1, 3])
+        assert logits.shape == (4, model.config.vocab_size)
+        one_by_one = torch.cat([reference.forward([(ra, [t])]) for t in (10, 11, 12, 13)])
+        torch.testing.assert_close(logits[1:], one_by_one[1:], rtol=tolerance, atol=tolerance)
+        runner.truncate(a, 8)  # 12 and 13 were not kept
+        reference.truncate(ra, 8)
+        assert runner.length(a) == reference.length(ra) == 8
+        fresh = reference.add()
+        reference.forward([(fresh, [1, 2, 3, 4, 5, 6, 10, 11])])
+        torch.testing.assert_close(runner.forward([(a, [20])]), reference.forward([(fresh, [20])]),
+                                   rtol=tolerance, atol=tolerance)
+    runner = LlamaRunner(weights_in(model, weight_format))
+    seq = runner.add()
+    with pytest.raises(ValueError, match="1 to its length"):
+        runner.forward([(seq, [1, 2])], scored=[3])
+    runner.forward([(seq, [1, 2])])
+    with pytest.raises(ValueError, match="cannot truncate"):
+        runner.truncate(seq, 3)
