@@ -39,6 +39,11 @@ class Metrics:
             registry=r)
         self.generation_tokens = Counter("pegmask_generation_tokens",
                                          "Output tokens (forced ones included)", registry=r)
+        self.draft_tokens = Counter(
+            "pegmask_draft_tokens", "Tokens drafted by prompt lookup and checked in a forward",
+            registry=r)
+        self.draft_tokens_kept = Counter(
+            "pegmask_draft_tokens_kept", "Drafted tokens the samples agreed with", registry=r)
         self.time_to_first_token = Histogram(
             "pegmask_time_to_first_token_seconds", "From submission to the first output token",
             buckets=_LATENCY_BUCKETS, registry=r)

@@ -123,7 +123,11 @@ class TransformersRunner:
         return self._lengths[seq]
 
     def truncate(self, seq: int, length: int) -> None:
-        self._caches[seq].crop(length)
+        held = self._lengths[seq]
+        if not 0 <= length <= held:
+            raise ValueError(f"cannot truncate a sequence of {held} tokens to {length}")
+        if length < held:
+            self._caches[seq].crop(length - held)  # negative: tokens to drop (any version)
         self._lengths[seq] = length
 
     @torch.inference_mode()

@@ -348,9 +348,12 @@ class Scheduler:
         started = time.perf_counter()
         chunks: list[Chunk] = []
         samplers: list[list[Row]] = []  # per chunk: the rows that sample from its logits
+        scored: list[int] = []  # per chunk: its last tokens with logits (a draft's, and one)
         drafts = self._drafts() if not self._prefilling else {}
         for row in self._decoding:
-            chunks.append((row.seq, row.pending + drafts.get(row, [])))
+            draft = drafts.get(row, [])
+            chunks.append((row.seq, row.pending + draft))
+            scored.append(1 + len(draft))
             samplers.append([row])
         decoding = len(chunks)
         budget = self.limits.prefill_chunk
@@ -375,21 +378,21 @@ class Scheduler:
             budget -= len(piece)
             advanced.append((prefill, len(chunks)))
             chunks.append((prefill.seq, piece))
+            scored.append(1)
             if prefill.position == len(prompt):
                 completed.append(prefill)
                 samplers.append(prefill.submission.rows)
             else:
                 samplers.append([])
-        if drafts:  # a drafted row's logits after each of its drafted tokens, kept apart
-            scored = [1 + len(drafts.get(row, [])) for row in self._decoding]
-            scored += [1] * (len(chunks) - decoding)
+        if drafts:
             logits = self.runner.forward(chunks, scored)
+            # a chunk's first scored row samples as usual; a draft's others wait for `_verify`
             firsts, after_draft, at = [], {}, 0
-            for row, count in zip(self._decoding, scored, strict=False):
+            for group, count in zip(samplers, scored, strict=True):
                 firsts.append(at)
-                after_draft[row] = logits[at + 1 : at + count]
+                if count > 1:
+                    after_draft[group[0]] = logits[at + 1 : at + count]
                 at += count
-            firsts += range(at, logits.shape[0])
             logits = logits[firsts]
         elif chunks:
             logits = self.runner.forward(chunks)
@@ -469,7 +472,10 @@ class Scheduler:
                 budget -= len(draft)
                 if budget <= 0:
                     break
-        self.stats.drafted_tokens += sum(len(draft) for draft in drafts.values())
+        drafted = sum(len(draft) for draft in drafts.values())
+        self.stats.drafted_tokens += drafted
+        if self.metrics is not None:
+            self.metrics.draft_tokens.inc(drafted)
         return drafts
 
     def _verify(self, row: Row, draft: list[int], logits: torch.Tensor, start: int,
@@ -498,6 +504,8 @@ class Scheduler:
                 apply_token_bitmask_inplace(after, bitmask[0].to(after.device))
             self._sample(row, after, bitmask[0], need, held, None)
         self.stats.draft_tokens_kept += kept
+        if self.metrics is not None:
+            self.metrics.draft_tokens_kept.inc(kept)
         if row.finish_reason is None and row in self._owner and kept < len(draft):
             self.runner.truncate(row.seq, self.runner.length(row.seq) - (len(draft) - kept))
 

@@ -86,6 +86,9 @@ def test_drafts_change_the_steps_not_the_output(engines: tuple[Engine, Engine]) 
     drafted = drafting.stats.drafted_tokens - drafted_before
     kept = drafting.stats.draft_tokens_kept - kept_before
     assert drafted > 0 and kept > drafted / 2
+    metrics = drafting.metrics.render().decode()
+    assert f"pegmask_draft_tokens_total {float(drafting.stats.drafted_tokens)}" in metrics
+    assert f"pegmask_draft_tokens_kept_total {float(drafting.stats.draft_tokens_kept)}" in metrics
     assert fewer <= steps - kept // 2
 
 
