@@ -8,10 +8,9 @@ Each step is one forward over every row's new tokens: a prompt chunk of at most
 `Limits.prefill_chunk` tokens for requests still prefilling, the sampled (and jump-forward)
 tokens of the others (and, in a step of few rows, drafts of their next tokens checked in the
 same forward: engine/speculation.py), so a long prompt never stalls the rows that decode. A
-prompt that begins
-with a kept prefix (the tool definitions every request of a client repeats) starts as a copy
-of it and prefills only the rest (engine/prefix_cache.py). Then every row that
-has logits is masked (one bitmask for the step), sampled and advanced on its own: one row's
+prompt that begins with a kept prefix (the tool definitions every request of a client repeats)
+starts as a copy of it and prefills only the rest (engine/prefix_cache.py). Then every row
+that has logits is masked (one bitmask for the step), sampled and advanced on its own: one row's
 failure ends only its request. A request with `n > 1` prefills its prompt once; its other
 choices are copies of that sequence.
 
