@@ -5,6 +5,7 @@ them gives, in fewer steps, on the embedded SmolLM2."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 
@@ -58,12 +59,17 @@ TOOL_CALLS = [
 
 
 @pytest.fixture(scope="module")
-def engines() -> tuple[Engine, Engine]:
+def engines() -> Iterator[tuple[Engine, Engine]]:
     """Without and with drafts, in float32: a drafted position's logits come from a longer
     chunk of the forward than a step's, which under bfloat16 rounds differently and can flip
-    a near-tie (as batching does: engine/llama_runner.py); in float32 they agree to 1e-4."""
-    return (Engine(draft_budget=0, fp16_weights=False),
-            Engine(draft_budget=48, fp16_weights=False))
+    a near-tie (as batching does: engine/llama_runner.py); in float32 they agree to 1e-4.
+    Grammars compile in the test's process (no worker processes left behind) and the engines
+    are closed after the module."""
+    pair = (Engine(draft_budget=0, fp16_weights=False, compile_workers=0),
+            Engine(draft_budget=48, fp16_weights=False, compile_workers=0))
+    yield pair
+    for engine in pair:
+        engine.close()
 
 
 def _decode(engine: Engine, **options) -> tuple[list[list[int]], int]:
