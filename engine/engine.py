@@ -180,10 +180,10 @@ class Engine:
     sharing one (the same tools) skip its prefill (engine/prefix_cache.py; 0: none);
     `draft_budget`: a step's rows get prompt-lookup drafts of their next tokens, checked in
     the same forward, while the step holds fewer tokens than this (engine/speculation.py; the
-    output's distribution does not change; 0: none); `request_timeout_s` bounds a request's time. `fp16_weights`, `bf16_weights` (the
-    products' weights on the CPU, llama-family models; both None: bfloat16 where the CPU has
-    AMX, else float16; `fp16_weights=False`: float32; `bf16_weights=True`: bfloat16, CPUs with
-    AMX only): see engine/llama_runner.py.
+    output's distribution does not change; 0: none); `request_timeout_s` bounds a request's
+    time. `fp16_weights`, `bf16_weights` (the products' weights on the CPU, llama-family
+    models; both None: bfloat16 where the CPU has AMX, else float16; `fp16_weights=False`:
+    float32; `bf16_weights=True`: bfloat16, CPUs with AMX only): see engine/llama_runner.py.
     `max_model_len` bounds a request's prompt and output tokens together (default: the
     model's context). `strict_tool_arguments` closes tool parameter objects that do not say
     `additionalProperties` (False: plain JSON Schema). `prewarm` pays the process's one-time

@@ -448,9 +448,11 @@ class Scheduler:
         slow every row's step cost the others more than they gain); each checked against the
         row's grammar and within its room (a chunk of at most `MAX_CHUNK` tokens)."""
         rows = len(self._decoding)
-        budget = self.limits.draft_budget - sum(len(row.pending) for row in self._decoding)
         share = (self.limits.draft_budget - rows) // max(rows, 1)
-        if budget <= 0 or share <= 0:
+        if share <= 0:  # the usual step at 24 rows or more: nothing more to count
+            return {}
+        budget = self.limits.draft_budget - sum(len(row.pending) for row in self._decoding)
+        if budget <= 0:
             return {}
         offers = []
         for row in self._decoding:
