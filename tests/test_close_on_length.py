@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 
 import jsonschema
 import pytest
@@ -35,8 +36,9 @@ DESCRIBE = [{"role": "user", "content": "Describe Paris in detail as JSON."}]
 
 
 @pytest.fixture(scope="module")
-def engine() -> Engine:
-    return Engine()
+def engine() -> Iterator[Engine]:
+    with Engine() as engine:
+        yield engine
 
 
 def shortest(engine: Engine, **options) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -37,8 +38,9 @@ SCHEMA_SAMPLE = [
 
 
 @pytest.fixture(scope="module")
-def engine() -> Engine:
-    return Engine()
+def engine() -> Iterator[Engine]:
+    with Engine() as engine:
+        yield engine
 
 
 def test_default_engine_is_smollm2_hermes(engine: Engine) -> None:
@@ -46,7 +48,8 @@ def test_default_engine_is_smollm2_hermes(engine: Engine) -> None:
     assert engine.dialect_name == "hermes"
     assert engine.vocab.size == engine.backend.logits_width
     # Same weights for a second engine in the process: loading is cached.
-    assert Engine().backend is engine.backend
+    with Engine(prewarm=False) as second:
+        assert second.backend is engine.backend
 
 
 def test_completion_greedy(engine: Engine) -> None:
@@ -62,12 +65,12 @@ def test_completion_greedy(engine: Engine) -> None:
 def test_every_choice_decodes_after_the_whole_prompt(prefill_chunk: int) -> None:
     """Choices after the first are copies of the prefilled sequence: greedy, each says what one
     choice says (copies made before the prompt's last chunk was in saw none or part of it)."""
-    engine = Engine(prefill_chunk=prefill_chunk, prefix_cache=0, prewarm=False)
-    messages = [{"role": "user", "content": "What is the capital of France?"}]
-    alone = engine.generate(messages, max_tokens=8, temperature=0)
-    several = engine.generate(messages, n=3, max_tokens=8, temperature=0)
-    assert "Paris" in alone.text
-    assert [choice.token_ids for choice in several.choices] == [alone.token_ids] * 3
+    with Engine(prefill_chunk=prefill_chunk, prefix_cache=0, prewarm=False) as engine:
+        messages = [{"role": "user", "content": "What is the capital of France?"}]
+        alone = engine.generate(messages, max_tokens=8, temperature=0)
+        several = engine.generate(messages, n=3, max_tokens=8, temperature=0)
+        assert "Paris" in alone.text
+        assert [choice.token_ids for choice in several.choices] == [alone.token_ids] * 3
 
 
 def test_chat_stops_at_end_of_turn(engine: Engine) -> None:
@@ -303,7 +306,7 @@ def test_detect_dialect_says_unknown_rather_than_guess() -> None:
 
 
 @pytest.fixture(scope="module")
-def noise_engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
+def noise_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     """`Engine(model=folder)` on a transformers folder: a tiny random Llama with SmolLM2's real
     tokenizer, saved offline. Its output is noise, which is what the grammar must contain."""
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -315,7 +318,8 @@ def noise_engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
                          max_position_embeddings=2048, eos_token_id=tokenizer.eos_token_id)
     LlamaForCausalLM(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    return Engine(model=folder, dtype="float32")
+    with Engine(model=folder, dtype="float32") as engine:
+        yield engine
 
 
 def test_a_local_hf_folder_and_bad_model_paths(noise_engine: Engine, tmp_path: Path) -> None:
@@ -390,13 +394,13 @@ def test_noise_writes_every_dialects_calls(noise_engine: Engine, dialect: str) -
     One call each (a noise model writes calls until max_tokens when it may write several;
     parallel calls are sampled in test_families.py), 250 tokens (spelled, Kimi K3's framing alone
     takes about 100), reasoning off as each prompt spells it."""
-    engine = Engine(model=noise_engine.backend.path, dialect=dialect, dtype="float32")
-    results = engine.generate_batch([
-        {"messages": [{"role": "user", "content": "Go."}], "max_tokens": 250, "seed": seed,
-         "temperature": 1.0, "tools": [NOISE_TOOL], "tool_choice": "required",
-         "parallel_tool_calls": False,
-         "chat_template_kwargs": {"reasoning_effort": "none", "enable_thinking": False}}
-        for seed in range(3)])
+    with Engine(model=noise_engine.backend.path, dialect=dialect, dtype="float32") as engine:
+        results = engine.generate_batch([
+            {"messages": [{"role": "user", "content": "Go."}], "max_tokens": 250, "seed": seed,
+             "temperature": 1.0, "tools": [NOISE_TOOL], "tool_choice": "required",
+             "parallel_tool_calls": False,
+             "chat_template_kwargs": {"reasoning_effort": "none", "enable_thinking": False}}
+            for seed in range(3)])
     finished = [result for result in results if result.finish_reason != "length"]
     assert finished, [result.text for result in results]
     for result in finished:

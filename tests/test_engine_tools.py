@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 
 import jsonschema
 import numpy as np
@@ -122,8 +123,9 @@ MAX_TOKENS = 160
 
 
 @pytest.fixture(scope="module")
-def engine() -> Engine:
-    return Engine()
+def engine() -> Iterator[Engine]:
+    with Engine() as engine:
+        yield engine
 
 
 def _request(case: tuple, seed: int, **options) -> dict:

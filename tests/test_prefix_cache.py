@@ -156,22 +156,22 @@ MESSAGES = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "
 
 
 def test_the_engine_skips_a_kept_prefix_and_says_so_in_usage() -> None:
-    engine = Engine(prefill_chunk=64, prewarm=False)
-    without = Engine(prefill_chunk=64, prefix_cache=0, prewarm=False)
-    first = engine.generate(MESSAGES, max_tokens=6, temperature=0)
-    prompt_tokens = first.usage["prompt_tokens"]
-    assert prompt_tokens > 128
-    assert first.usage["prompt_tokens_details"] == {"cached_tokens": 0}
-    second = engine.generate(MESSAGES, max_tokens=6, temperature=0)
-    cached = second.usage["prompt_tokens_details"]["cached_tokens"]
-    assert cached == prompt_tokens  # kept whole: nothing to prefill
-    assert engine.stats.cached_prompt_tokens == cached
-    assert second.token_ids == first.token_ids
-    other = engine.generate([MESSAGES[0], {"role": "user", "content": "Kyoto?"}], max_tokens=6,
-                            temperature=0)
-    cached = other.usage["prompt_tokens_details"]["cached_tokens"]
-    assert 128 <= cached < other.usage["prompt_tokens"] and cached % 16 == 0  # whole blocks
-    plain = without.generate(MESSAGES, max_tokens=6, temperature=0)
-    plain_again = without.generate(MESSAGES, max_tokens=6, temperature=0)
-    assert plain_again.usage["prompt_tokens_details"] == {"cached_tokens": 0}
-    assert plain.token_ids == plain_again.token_ids == first.token_ids
+    with (Engine(prefill_chunk=64, prewarm=False) as engine,
+          Engine(prefill_chunk=64, prefix_cache=0, prewarm=False) as without):
+        first = engine.generate(MESSAGES, max_tokens=6, temperature=0)
+        prompt_tokens = first.usage["prompt_tokens"]
+        assert prompt_tokens > 128
+        assert first.usage["prompt_tokens_details"] == {"cached_tokens": 0}
+        second = engine.generate(MESSAGES, max_tokens=6, temperature=0)
+        cached = second.usage["prompt_tokens_details"]["cached_tokens"]
+        assert cached == prompt_tokens  # kept whole: nothing to prefill
+        assert engine.stats.cached_prompt_tokens == cached
+        assert second.token_ids == first.token_ids
+        other = engine.generate([MESSAGES[0], {"role": "user", "content": "Kyoto?"}], max_tokens=6,
+                                temperature=0)
+        cached = other.usage["prompt_tokens_details"]["cached_tokens"]
+        assert 128 <= cached < other.usage["prompt_tokens"] and cached % 16 == 0  # whole blocks
+        plain = without.generate(MESSAGES, max_tokens=6, temperature=0)
+        plain_again = without.generate(MESSAGES, max_tokens=6, temperature=0)
+        assert plain_again.usage["prompt_tokens_details"] == {"cached_tokens": 0}
+        assert plain.token_ids == plain_again.token_ids == first.token_ids
