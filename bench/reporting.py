@@ -9,6 +9,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -20,6 +21,7 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 PEER_PACKAGES = ("xgrammar", "llguidance", "outlines_core")
 MODEL_PACKAGES = ("transformers", "tokenizers", "numpy", "torch")
 SETTLE_TIMEOUT_S = 300.0  # longest wait for the load average to come down (`settle`)
+READ_SET_MIB = (64, 256, 1024)  # working sets of `memory_read_speed`: cache, a model, memory
 
 
 def checkout_state() -> str:
@@ -46,6 +48,48 @@ def cpu_name() -> str:
         return platform.processor() or platform.machine()
 
 
+def last_level_cache() -> str | None:
+    """The size of the CPU's last-level cache as Linux states it ("480 MiB"), None elsewhere."""
+    folder = Path("/sys/devices/system/cpu/cpu0/cache")
+    sizes = sorted((int((index / "level").read_text()), (index / "size").read_text().strip())
+                   for index in folder.glob("index*") if (index / "level").exists())
+    if not sizes:
+        return None
+    size = sizes[-1][1]  # "491520K"
+    if size.endswith("K") and size[:-1].isdigit() and int(size[:-1]) % 1024 == 0:
+        return f"{int(size[:-1]) // 1024} MiB"
+    return size
+
+
+def memory_read_speed(sizes_mib: Sequence[int] = READ_SET_MIB) -> dict[int, float]:
+    """GiB/s at which this process reads working sets of `sizes_mib` MiB (a float32 sum on all
+    cores, the median of 7). Why: a VM's share of a host's last-level cache (480 MiB here, one
+    for the host) moves with its neighbours, and with it how fast a decode step reads a model's
+    weights (SmolLM2 in bfloat16: 270 MB). Runs of the same code took 22.9 and 30-34 ms for a
+    one-row step on different days; these figures, taken at a run's start and end, say which
+    kind of day it was."""
+    import torch
+
+    speeds = {}
+    for size in sizes_mib:
+        data = torch.ones(size << 18)  # float32: 2**18 per MiB
+        data.sum()
+        times = []
+        for _ in range(7):
+            start = time.perf_counter()
+            data.sum()
+            times.append(time.perf_counter() - start)
+        speeds[size] = size / 1024 / statistics.median(times)
+        del data
+    return speeds
+
+
+def describe_read_speed(speeds: dict[int, float]) -> str:
+    """"47 / 21 / 21 GiB/s at 64 / 256 / 1024 MiB"."""
+    return (" / ".join(f"{speed:.0f}" for speed in speeds.values()) + " GiB/s at "
+            + " / ".join(map(str, speeds)) + " MiB")
+
+
 def versions(packages: Sequence[str]) -> dict[str, str]:
     """Installed version of each package ("not installed" when absent)."""
     found = {}
@@ -65,6 +109,7 @@ def machine(packages: Sequence[str] = PEER_PACKAGES + MODEL_PACKAGES) -> dict[st
         "usable_cores": cores,
         "online_cores": os.cpu_count(),
         "cpu": cpu_name(),
+        "last_level_cache": last_level_cache(),
         "system": f"{platform.system()} {platform.release()}",
         "python": platform.python_version(),
         "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,

@@ -37,6 +37,13 @@ first server starts and before each phase the bench waits, up to 5 minutes each
 and the servers' own start-ups linger in it for minutes. A run that
 fails says NOT PUBLISHABLE at the top of its report and exits 1, unless `--allow-load`.
 
+Machine speed: the bench's own process reads working sets of 64, 256 and 1024 MiB before the
+first server starts and after the last one stops (`reporting.memory_read_speed`), and the
+report states both, with a warning where the 256 MiB set (a small model's weights) read more
+than 15% faster or slower by the end. On a VM the last-level cache is the host's, and the share
+of it a run gets moves with other tenants: the same code's one-row step took 22.9 ms on one
+day and 30-34 on another, and two runs 25 minutes apart differed by 10% at 32 clients.
+
 The first peer is the headline's (run it at its defaults); later peers form a second table, with
 what their command changes against the first's.
 
@@ -89,6 +96,8 @@ CHAT_TOOLS = [{"type": "function", "function": tool} for tool in TOOLS]
 START_LOAD_LIMIT = 0.5  # 1-minute load average before anything starts
 PHASE_LOAD_MARGIN = 1.0  # above the bench's own estimate, at a phase's start
 OTHER_CORES_LIMIT = 0.1  # cores used outside the server and the bench, averaged over a phase
+READ_DRIFT_SET_MIB = 256  # the working set of a small model's weights (SmolLM2: 270 MB)
+READ_DRIFT_LIMIT = 0.15  # its read speed's change from the run's start to its end, reported
 TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -474,6 +483,7 @@ def report(phases: list[Phase], servers: list[Server], reasons: list[str],
         f"{facts['date']}; {facts['usable_cores']} usable cores, {facts['cpu']}, "
         f"{facts['system']}; pegmask {facts['checkout']}. Load average before any server "
         f"started: {meta['start_load']:.2f}.", "",
+        *_read_speed_lines(meta["read_speed"], facts.get("last_level_cache")),
         f"Command: `{meta['command']}`", "",
         f"Protocol: Chat Completions streamed with `stream_options.include_usage`, max_tokens "
         f"{meta['max_tokens']} with `ignore_eos`, temperature {meta['temperature']}; per "
@@ -540,6 +550,25 @@ def report(phases: list[Phase], servers: list[Server], reasons: list[str],
     return "\n".join(lines) + "\n"
 
 
+def _read_speed_lines(speeds: dict[str, dict[int, float]], cache: str | None) -> list[str]:
+    """The machine's memory speed at the run's start and end (`reporting.memory_read_speed`),
+    and a warning where the model-sized working set read at another speed by the end."""
+    before, after = speeds["before"], speeds["after"]
+    lines = [f"Memory read speed: {reporting.describe_read_speed(before)} before the first "
+             f"server started, {reporting.describe_read_speed(after)} after the last stopped "
+             f"(the last-level cache, {cache or 'of unknown size'}, is the host's: what it "
+             "holds of a model moves with other tenants, and so do runs' figures; compare "
+             "runs by these).", ""]
+    model_sized = READ_DRIFT_SET_MIB
+    if model_sized in before and model_sized in after:
+        change = after[model_sized] / before[model_sized] - 1
+        if abs(change) > READ_DRIFT_LIMIT:
+            lines += [f"**The machine's speed moved during the run**: {model_sized} MiB read "
+                      f"{change:+.0%} by the end; phases alternate, but a server measured "
+                      "nearer one end saw another machine.", ""]
+    return lines
+
+
 def plot(rows: list[dict[str, Any]], names: list[str], modes: list[str], out: Path) -> Path:
     """Tokens/s against clients, a panel per mode, a line per server."""
     panels = {f"clients, {MODE_NAMES[m].split(',')[0]}": {
@@ -595,6 +624,7 @@ def main(argv: list[str] | None = None) -> int:
 
     settle(lambda: START_LOAD_LIMIT, args.settle_timeout)
     start_load = os.getloadavg()[0]
+    read_before = reporting.memory_read_speed()
     own = OwnLoad()
     own.start()
     logs = Path(tempfile.mkdtemp(prefix="pegmask-serve-compare-"))
@@ -604,8 +634,10 @@ def main(argv: list[str] | None = None) -> int:
         own.stop()
         for server in servers:
             server.stop()
+    read_after = reporting.memory_read_speed()
     reasons = verdict(start_load, phases)
     meta = {"machine": reporting.machine(), "start_load": start_load,
+            "read_speed": {"before": read_before, "after": read_after},
             "command": reporting.command_line("serve", ["--compare", *argv]),
             "max_tokens": args.max_tokens, "temperature": args.temperature,
             "requests": args.requests, "blocks": args.blocks, "logs": str(logs),

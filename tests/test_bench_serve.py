@@ -132,9 +132,13 @@ def test_serve_compare_verdict_and_tables() -> None:
                Server("vllm-fp32", command="X=1 vllm serve M --port {port} --dtype float32")]
     text = report(phases, servers[:2], reasons, {
         "machine": reporting.machine(()), "start_load": 0.9, "command": "c", "max_tokens": 128,
-        "temperature": 0.7, "requests": 2, "blocks": False}, [1, 8],
-        ["unconstrained", "constrained"])
+        "temperature": 0.7, "requests": 2, "blocks": False,
+        "read_speed": {"before": {64: 47.0, 256: 21.0}, "after": {64: 45.0, 256: 16.0}}},
+        [1, 8], ["unconstrained", "constrained"])
     assert "**NOT PUBLISHABLE**" in text.split("\n")[2]
+    assert ("Memory read speed: 47 / 21 GiB/s at 64 / 256 MiB before the first server "
+            "started, 45 / 16 GiB/s at 64 / 256 MiB after") in text
+    assert "256 MiB read -24% by the end" in text
     assert "| pegmask | 40 / 320 | 40 / 320 (every call valid, 2/2) |" in text
     assert "| vllm | 20 / 160 | 20 / 160 (every call valid, 2/2) |" in text
     assert "| vllm | 2.00x / 2.00x | 2.00x / 2.00x |" in text
@@ -142,3 +146,13 @@ def test_serve_compare_verdict_and_tables() -> None:
     url, command = parse_peers(["up=http://127.0.0.1:8000/,pid=12"], ["mine=serve {port}"])
     assert (url.url, url.pid, url.started_here) == ("http://127.0.0.1:8000", 12, False)
     assert (command.command, command.started_here) == ("serve {port}", True)
+
+
+def test_memory_read_speed_is_measured_per_working_set() -> None:
+    """Real reads: a speed per size, in the order asked; a larger set is not read faster than
+    a cache-sized one by much (both figures are the machine's, not made up)."""
+    speeds = reporting.memory_read_speed((4, 64))
+    assert list(speeds) == [4, 64] and all(speed > 0.1 for speed in speeds.values())
+    assert speeds[64] < 4 * speeds[4]
+    cache = reporting.last_level_cache()
+    assert cache is None or cache[0].isdigit()
