@@ -38,7 +38,8 @@ and the servers' own start-ups linger in it for minutes. A run that
 fails says NOT PUBLISHABLE at the top of its report and exits 1, unless `--allow-load`.
 
 Machine speed: the bench's own process reads working sets of 64, 256 and 1024 MiB before the
-first server starts and after the last one stops (`reporting.memory_read_speed`), and the
+first server starts and after the last one has stopped and the machine is quiet again
+(`reporting.memory_read_speed`, `wait_quiet`), and the
 report states both, with a warning where the 256 MiB set (a small model's weights) read more
 than 15% faster or slower by the end. On a VM the last-level cache is the host's, and the share
 of it a run gets moves with other tenants: the same code's one-row step took 22.9 ms on one
@@ -143,6 +144,19 @@ def machine_cpu() -> float:
         values = [int(v) for v in handle.readline().split()[1:]]
     user, nice, system, steal = values[0], values[1], values[2], values[7]
     return (user + nice + system + steal) / TICK
+
+
+def wait_quiet(timeout_s: float) -> None:
+    """Until a second goes by in which processes other than this one used less than
+    OTHER_CORES_LIMIT of a core, or `timeout_s`. Why: stopped servers take seconds to exit and
+    hand back gigabytes (vLLM's engine processes outlive its front end), and a memory probe
+    taken meanwhile read 64 MiB at 3 GiB/s against 41 before the run."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        machine, own = machine_cpu(), bench_cpu()
+        time.sleep(1.0)
+        if machine_cpu() - machine - (bench_cpu() - own) < OTHER_CORES_LIMIT:
+            return
 
 
 def bench_cpu() -> float:
@@ -624,6 +638,7 @@ def main(argv: list[str] | None = None) -> int:
 
     settle(lambda: START_LOAD_LIMIT, args.settle_timeout)
     start_load = os.getloadavg()[0]
+    wait_quiet(args.settle_timeout)
     read_before = reporting.memory_read_speed()
     own = OwnLoad()
     own.start()
@@ -634,6 +649,7 @@ def main(argv: list[str] | None = None) -> int:
         own.stop()
         for server in servers:
             server.stop()
+    wait_quiet(args.settle_timeout)
     read_after = reporting.memory_read_speed()
     reasons = verdict(start_load, phases)
     meta = {"machine": reporting.machine(), "start_load": start_load,
