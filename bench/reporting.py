@@ -66,8 +66,8 @@ def memory_read_speed(sizes_mib: Sequence[int] = READ_SET_MIB) -> dict[int, floa
     cores, the median of 7). Why: a VM's share of a host's last-level cache (480 MiB here, one
     for the host) moves with its neighbours, and with it how fast a decode step reads a model's
     weights (SmolLM2 in bfloat16: 270 MB). Runs of the same code took 22.9 and 30-34 ms for a
-    one-row step on different days; these figures, taken at a run's start and end, say which
-    kind of day it was."""
+    one-row step hours apart on one day; these figures, taken at a run's start and end, say
+    which kind of hour it was."""
     import torch
 
     speeds = {}

@@ -42,8 +42,9 @@ first server starts and after the last one has stopped and the machine is quiet 
 (`reporting.memory_read_speed`, `wait_quiet`), and the
 report states both, with a warning where the 256 MiB set (a small model's weights) read more
 than 15% faster or slower by the end. On a VM the last-level cache is the host's, and the share
-of it a run gets moves with other tenants: the same code's one-row step took 22.9 ms on one
-day and 30-34 on another, and two runs 25 minutes apart differed by 10% at 32 clients.
+of it a run gets moves with other tenants: the same code's one-row step took 22.9 ms at one
+hour and 30-34 at others of the same day, and two runs 25 minutes apart differed by 10% at 32
+clients.
 
 The first peer is the headline's (run it at its defaults); later peers form a second table, with
 what their command changes against the first's.
