@@ -147,6 +147,12 @@ def machine_cpu() -> float:
     return (user + nice + system + steal) / TICK
 
 
+def bench_cpu() -> float:
+    """This process's CPU seconds (all its threads; not its children, the servers)."""
+    times = os.times()
+    return times.user + times.system
+
+
 def wait_quiet(timeout_s: float) -> None:
     """Until a second goes by in which processes other than this one used less than
     OTHER_CORES_LIMIT of a core, or `timeout_s`. Why: stopped servers take seconds to exit and
@@ -158,12 +164,6 @@ def wait_quiet(timeout_s: float) -> None:
         time.sleep(1.0)
         if machine_cpu() - machine - (bench_cpu() - own) < OTHER_CORES_LIMIT:
             return
-
-
-def bench_cpu() -> float:
-    """This process's CPU seconds (all its threads; not its children, the servers)."""
-    times = os.times()
-    return times.user + times.system
 
 
 def runnable_threads(pids: list[int]) -> int:

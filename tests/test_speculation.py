@@ -65,11 +65,9 @@ def engines() -> Iterator[tuple[Engine, Engine]]:
     a near-tie (as batching does: engine/llama_runner.py); in float32 they agree to 1e-4.
     Grammars compile in the test's process (no worker processes left behind) and the engines
     are closed after the module."""
-    pair = (Engine(draft_budget=0, fp16_weights=False, compile_workers=0),
-            Engine(draft_budget=48, fp16_weights=False, compile_workers=0))
-    yield pair
-    for engine in pair:
-        engine.close()
+    with (Engine(draft_budget=0, fp16_weights=False, compile_workers=0) as plain,
+          Engine(draft_budget=48, fp16_weights=False, compile_workers=0) as drafting):
+        yield plain, drafting
 
 
 def _decode(engine: Engine, **options) -> tuple[list[list[int]], int]:
