@@ -3,12 +3,14 @@ outputs, stop conditions, streaming, batching and request validation."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import pytest
@@ -19,8 +21,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from pegmask import Engine, Grammar  # noqa: E402
 from pegmask.bench.data import JSONSCHEMA_DIR, TEMPLATES_DIR  # noqa: E402
 from pegmask.dialects import accumulate, detect_dialect, dialect_names  # noqa: E402
+from pegmask.engine import scheduler  # noqa: E402
 from pegmask.engine.decode import StopStrings  # noqa: E402
-from pegmask.engine.engine import renders_tools  # noqa: E402
+from pegmask.engine.engine import GenerationStream, renders_tools  # noqa: E402
 from pegmask.engine.requests import InvalidRequestError, build_request  # noqa: E402
 from pegmask.engine.scheduler import Submission  # noqa: E402
 
@@ -477,13 +480,14 @@ def test_a_step_wakes_a_request_once_after_all_its_choices_sampled(
         engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     # A consumer woken per choice would take the interpreter from the decode loop between rows.
     wakes: list[Submission] = []
-    wake = Submission._wake
+    wake_all = scheduler._wake_all
 
-    def counted(submission: Submission) -> None:
-        wakes.append(submission)
-        wake(submission)
+    def counted(submissions: Iterable[Submission]) -> None:
+        submissions = list(submissions)
+        wakes.extend(submissions)
+        wake_all(submissions)
 
-    monkeypatch.setattr(Submission, "_wake", counted)
+    monkeypatch.setattr(scheduler, "_wake_all", counted)
     options = {"n": 3, "max_tokens": 5, "temperature": 1.0, "seed": 3, "ignore_eos": True}
     steps = engine.stats.steps
     stream = engine.generate("Once upon a time", stream=True, **options)
@@ -494,3 +498,34 @@ def test_a_step_wakes_a_request_once_after_all_its_choices_sampled(
     streamed = "".join(delta["text"] for delta in deltas)  # the choices' pieces interleaved
     assert sorted(streamed) == sorted("".join(c.text for c in stream.result.choices))
     assert [len(choice.token_ids) for choice in stream.result.choices] == [5, 5, 5]
+
+
+def test_a_step_wakes_an_event_loop_once_for_all_its_requests(engine: Engine) -> None:
+    """Requests streamed on one event loop are woken by one call into the loop per step, not
+    one each (each call writes to the loop's self-pipe from the decode thread)."""
+    calls: list[Any] = []
+
+    async def consume_all() -> list[str]:
+        loop = asyncio.get_running_loop()
+        schedule = loop.call_soon_threadsafe
+
+        def counted(callback: Any, *args: Any) -> Any:
+            calls.append(callback)
+            return schedule(callback, *args)
+
+        loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
+        options = {"max_tokens": 6, "temperature": 0.0, "ignore_eos": True}
+        streams = [engine.generate(prompt, stream=True, **options)
+                   for prompt in ("One", "Two", "Three", "Four")]
+
+        async def text(stream: GenerationStream) -> str:
+            return "".join([delta.get("text", "") async for event in stream.aevents()
+                            for delta in event.deltas])
+
+        return await asyncio.gather(*(text(stream) for stream in streams))
+
+    steps = engine.stats.steps
+    texts = asyncio.run(consume_all())
+    steps = engine.stats.steps - steps
+    assert all(texts)
+    assert 0 < len(calls) <= steps + 4  # a step's wake, and the end of each request
