@@ -133,9 +133,15 @@ def request_body(api: str, question: str, mode: str, max_tokens: int, model: str
 
 
 async def _events(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
-    async for line in response.aiter_lines():
-        if line.startswith("data: ") and line[6:].strip() != "[DONE]":
-            yield json.loads(line[6:])
+    """The stream's `data:` events. Lines end at LF (after an optional CR), as the servers'
+    do: httpx's `aiter_lines` also ends them at NEL, U+2028 and U+2029, which a server may
+    send raw inside a JSON string."""
+    rest = ""
+    async for text in response.aiter_text():
+        *lines, rest = (rest + text).split("\n")
+        for line in lines:
+            if line.startswith("data: ") and line[6:].strip() != "[DONE]":
+                yield json.loads(line[6:].rstrip("\r"))
 
 
 async def stream_once(client: httpx.AsyncClient, api: str, path: str,

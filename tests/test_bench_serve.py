@@ -5,15 +5,18 @@ report's layout and verdict from made-up phases."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shlex
 import subprocess
 import sys
 from pathlib import Path
 
+import httpx
+
 from pegmask.bench import reporting
 from pegmask.bench.reporting import settle
-from pegmask.bench.serve_bench import Sample
+from pegmask.bench.serve_bench import Sample, _events
 from pegmask.bench.serve_compare import (
     Phase,
     Server,
@@ -156,3 +159,19 @@ def test_memory_read_speed_is_measured_per_working_set() -> None:
     assert speeds[64] < 4 * speeds[4]
     cache = reporting.last_level_cache()
     assert cache is None or cache[0].isdigit()
+
+
+def test_bench_client_reads_events_by_sse_lines() -> None:
+    """Events split anywhere across chunks, with characters `str.splitlines` ends lines at
+    inside their JSON (a peer may send them raw), and CR LF line ends, are read whole."""
+    stream = ('data: {"text": "a\u2028b\x85c"}\r\n\r\n'
+              'data: {"text": "d\u2029e"}\n\ndata: [DONE]\n\n').encode()
+
+    async def chunks():
+        for start in range(0, len(stream), 5):
+            yield stream[start : start + 5]
+
+    async def read() -> list[dict]:
+        return [event async for event in _events(httpx.Response(200, content=chunks()))]
+
+    assert asyncio.run(read()) == [{"text": "a\u2028b\x85c"}, {"text": "d\u2029e"}]

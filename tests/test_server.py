@@ -395,6 +395,35 @@ def test_structured_output(server: Server) -> None:
     assert out["choice"] in ("Lisbon", "Cairo", "Lima")
 
 
+def test_streamed_events_are_one_line_for_any_line_splitter(server: Server) -> None:
+    """Text with characters that `str.splitlines` (httpx's `iter_lines`) breaks lines at, but
+    SSE does not (NEL, LINE SEPARATOR, PARAGRAPH SEPARATOR), arrives in whole events for a
+    client reading the stream line by line that way: a chat choice, and an Anthropic answer
+    whose JSON holds it."""
+    text = "one\x85two\u2028three\u2029four"
+    user = [{"role": "user", "content": "Say it."}]
+    chat = {"model": _model(server), "messages": user, "max_tokens": 40, "stream": True,
+            "response_format": {"type": "choice", "choice": [text]}}
+    messages = {"model": _model(server), "messages": user, "max_tokens": 40, "stream": True,
+                "output_config": {"format": {"type": "json_schema", "schema": {
+                    "type": "object", "properties": {"said": {"enum": [text]}},
+                    "required": ["said"], "additionalProperties": False}}}}
+    answers = {}
+    with server.http() as client:
+        for path, body, piece in (
+                ("/v1/chat/completions", chat,
+                 lambda event: event["choices"][0]["delta"].get("content") or ""),
+                ("/v1/messages", messages,
+                 lambda event: event.get("delta", {}).get("text", ""))):
+            with client.stream("POST", path, json=body) as response:
+                assert response.status_code == 200
+                lines = [line for line in response.iter_lines() if line.startswith("data: ")]
+            events = [json.loads(line[6:]) for line in lines if line != "data: [DONE]"]
+            answers[path] = "".join(piece(event) for event in events)
+    assert answers["/v1/chat/completions"] == text
+    assert json.loads(answers["/v1/messages"]) == {"said": text}
+
+
 def test_responses_text_streamed_matches_plain(server: Server) -> None:
     client = server.openai()
     request = {"model": _model(server), "input": "Name a warm city as JSON.",
