@@ -21,16 +21,15 @@ from pegmask.server.errors import APIError, as_api_error
 logger = logging.getLogger("pegmask.server")
 
 
-# What Python's `str.splitlines` (and so httpx's `aiter_lines`) ends a line at, besides the CR
-# and LF that JSON escapes: sent raw inside a string, it cut a `data:` line in two for such
-# clients (a bench client's stream of the embedded model, 32 clients, failed on one). Escaped,
-# the JSON is the same.
-_LINE_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
-
-
 def _json(payload: Any) -> str:
-    """`payload` as JSON on one line, whichever line breaks its reader knows."""
-    return json.dumps(payload, ensure_ascii=False).translate(_LINE_BREAKS)
+    """`payload` as JSON on one line, whichever line breaks its reader knows: `str.splitlines`
+    (and so httpx's `iter_lines`) also ends lines at NEL, U+2028 and U+2029, which JSON leaves
+    raw in a string; sent so, they cut a `data:` line in two for such clients (a bench client
+    streaming from the embedded model failed on one). Escaped, the JSON is the same. (Three
+    `replace` calls: 0.07 us for a chunk, against 2.5 for `str.translate`.)"""
+    text = json.dumps(payload, ensure_ascii=False)
+    return text.replace("\x85", "\\u0085").replace("\u2028", "\\u2028").replace(
+        "\u2029", "\\u2029")
 
 
 def data(payload: Any) -> str:
