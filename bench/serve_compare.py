@@ -574,11 +574,10 @@ def _read_speed_lines(speeds: dict[str, dict[int, float]], cache: str | None) ->
              f"(the last-level cache, {cache or 'of unknown size'}, is the host's: what it "
              "holds of a model moves with other tenants, and so do runs' figures; compare "
              "runs by these).", ""]
-    model_sized = READ_DRIFT_SET_MIB
-    if model_sized in before and model_sized in after:
-        change = after[model_sized] / before[model_sized] - 1
+    if READ_DRIFT_SET_MIB in before and READ_DRIFT_SET_MIB in after:
+        change = after[READ_DRIFT_SET_MIB] / before[READ_DRIFT_SET_MIB] - 1
         if abs(change) > READ_DRIFT_LIMIT:
-            lines += [f"**The machine's speed moved during the run**: {model_sized} MiB read "
+            lines += [f"**The machine's speed moved during the run**: {READ_DRIFT_SET_MIB} MiB read "
                       f"{change:+.0%} by the end; phases alternate, but a server measured "
                       "nearer one end saw another machine.", ""]
     return lines
