@@ -12,9 +12,11 @@ without copying every row, and on CPUs the products it issues (float32, one per 
   1.5-2.3x faster at 8-32, prefill 2.8x; elsewhere for FBGEMM's float16-weight kernel
   (`fp16_weights`: float32 activations and accumulation; weights rounded to float16, which a
   GGUF checkpoint's 4-bit blocks lose nothing to in practice), 3-5x faster than float32 at
-  1-32 rows. bfloat16's bound, measured on SmolLM2 (tests/test_runner.py checks it): greedy
-  picks, teacher-forced on float32's, agree on 98% of steps, and where they differ float32's
-  own best two were within 0.13 of each other (near-ties); float16 weights agree on all;
+  1-32 rows on a Xeon, and on an AVX2-only AMD EPYC 3x at 1-8 rows and 1.9x at 32, where the
+  products are bound by arithmetic (oneDNN's float32 and emulated bfloat16 are slower still).
+  bfloat16's bound, measured on SmolLM2 (tests/test_runner.py checks it): greedy picks,
+  teacher-forced on float32's, agree on 98% of steps, and where they differ float32's own best
+  two were within 0.13 of each other (near-ties); float16 weights agree on all;
 * every token of every sequence in a step is one row of the same products (a prompt chunk of
   one sequence next to the sampled and forced tokens of each other sequence); attention reads
   each cache once a step (`_AttentionPlan`): a saved prompt prefix shared by sequences once for
