@@ -577,8 +577,8 @@ def _read_speed_lines(speeds: dict[str, dict[int, float]], cache: str | None) ->
     if READ_DRIFT_SET_MIB in before and READ_DRIFT_SET_MIB in after:
         change = after[READ_DRIFT_SET_MIB] / before[READ_DRIFT_SET_MIB] - 1
         if abs(change) > READ_DRIFT_LIMIT:
-            lines += [f"**The machine's speed moved during the run**: {READ_DRIFT_SET_MIB} MiB read "
-                      f"{change:+.0%} by the end; phases alternate, but a server measured "
+            lines += [f"**The machine's speed moved during the run**: {READ_DRIFT_SET_MIB} MiB "
+                      f"read {change:+.0%} by the end; phases alternate, but a server measured "
                       "nearer one end saw another machine.", ""]
     return lines
 

@@ -13,8 +13,8 @@ without copying every row, and on CPUs the products it issues (float32, one per 
   (`fp16_weights`: float32 activations and accumulation; weights rounded to float16, which a
   GGUF checkpoint's 4-bit blocks lose nothing to in practice), 3-5x faster than float32 at
   1-32 rows on a Xeon, and on an AVX2-only AMD EPYC 3x at 1-8 rows and 1.9x at 32, where the
-  products are bound by arithmetic (there oneDNN's prepacked float32 and its emulated bfloat16
-  are slower than float16 weights too).
+  products are bound by arithmetic (there oneDNN's prepacked float32 and torch's bfloat16
+  `F.linear`, without bfloat16 instructions, are slower than float16 weights too).
   bfloat16's bound, measured on SmolLM2 (tests/test_runner.py checks it): greedy picks,
   teacher-forced on float32's, agree on 98% of steps, and where they differ float32's own best
   two were within 0.13 of each other (near-ties); float16 weights agree on all;
