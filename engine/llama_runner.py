@@ -365,6 +365,14 @@ class LlamaRunner:
                                  for p in range(s, s + n)], dtype=torch.long)
         tokens, slot_of_token, position = (t.to(device) for t in (tokens, slot_of_token, position))
         cos, sin = w.cos[position][:, None], w.sin_signed[position][:, None]
+        # where each token's keys and values go: rows (key or value, token's slot, kv head,
+        # position) of a layer's cache viewed as (2 * slots * kv_heads * time, head_dim); one
+        # index_copy_ a layer (advanced indexing with two index tensors took twice as long)
+        _, _, slots_cap, kv_heads, time_cap, _ = self._kv.shape
+        part = torch.arange(2, device=device)[None, :, None]
+        head = torch.arange(kv_heads, device=device)[None, None, :]
+        cache_rows = (((part * slots_cap + slot_of_token[:, None, None]) * kv_heads + head)
+                      * time_cap + position[:, None, None]).reshape(-1)
         cascade = device.type == "cpu"
         prefixes = [self._prefix.get(seq) if cascade and len(tokens) <= BATCHED_CHUNK else None
                     for seq, tokens in chunks]
@@ -388,8 +396,8 @@ class LlamaRunner:
             turned = qk.roll(dim // 2, dims=-1)
             qk.mul_(cos).addcmul_(turned, sin)
             cache = self._kv[index]
-            cache[:, slot_of_token, :, position] = qkv[:, heads * dim :].view(
-                count, 2, kv_heads, dim).to(cache.dtype)
+            cache.view(-1, dim).index_copy_(
+                0, cache_rows, qkv[:, heads * dim :].reshape(-1, dim).to(cache.dtype))
             attended = plan.attend(index, q.to(cache.dtype), cache, scale)
             layer.out.add_to(x, attended.reshape(count, heads * dim))
             h = F.rms_norm(x, (x.shape[-1],), layer.mlp_norm, eps)
@@ -422,9 +430,10 @@ class _Batch:
     entries: torch.Tensor
     offsets: torch.Tensor
     slots: slice | torch.Tensor
+    count: int  # entries
     queries: int
     time: int
-    mask: torch.Tensor
+    mask: torch.Tensor | None
 
     @classmethod
     def of(cls, members: list[int], rows: list[int], slots: list[int], starts: list[int],
@@ -436,8 +445,11 @@ class _Batch:
             last_seen[k, : sizes[i]] = torch.arange(starts[i], starts[i] + sizes[i])
         time = int(last_seen.max()) + 1
         hidden = (torch.arange(time)[None, None, :] > last_seen[:, :, None])[:, None]
-        # on a CPU, the kernel's own additive mask (SDPA converted a boolean one every call)
-        mask = _additive(hidden, dtype) if device.type == "cpu" else ~hidden
+        # on a CPU, the kernel's own additive mask (SDPA converted a boolean one every call);
+        # none where nothing is hidden (one-token rows as long as each other: one row at 100
+        # positions, 25 us a layer against 42 with a mask of zeros)
+        mask = (None if not bool(hidden.any()) else
+                _additive(hidden, dtype) if device.type == "cpu" else ~hidden)
 
         def tensor(values: list[int]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.long, device=device)
@@ -447,14 +459,15 @@ class _Batch:
                    entries=tensor([k for k, i in enumerate(members) for _ in range(sizes[i])]),
                    offsets=tensor([j for i in members for j in range(sizes[i])]),
                    slots=_run_read([slots[i] for i in members], device),
-                   queries=queries, time=time, mask=mask.to(device))
+                   count=len(members), queries=queries, time=time,
+                   mask=None if mask is None else mask.to(device))
 
     def attend(self, q: torch.Tensor, cache: torch.Tensor, scale: float,
                out: torch.Tensor) -> None:
         if self.queries == 1:  # a token per entry, in entry order: nothing to pad
             query = q[self.rows][:, :, None]
         else:
-            query = q.new_zeros((self.mask.shape[0], q.shape[1], self.queries, q.shape[2]))
+            query = q.new_zeros((self.count, q.shape[1], self.queries, q.shape[2]))
             query[self.entries, :, self.offsets] = q[self.rows]
         keys, values = _take(cache, self.slots, 0, self.time)
         if query.device.type == "cpu":  # query heads h read kv head h // group in the kernel
@@ -625,14 +638,15 @@ class _OwnPart:
         self.end = max(start + size for start, size in zip(starts, sizes, strict=True))
         self.slots = _run_read(slots, torch.device("cpu"))
         entries, queries = len(sizes), max(sizes)
-        self.queries = queries
+        self.entries, self.queries = entries, queries
         self.layout = (entries, heads // group, queries * group)
         # query j of an entry at `start` is at start + j and sees its slot up to there (a
         # padding query sees as much as its entry's last)
         seen = torch.tensor(starts)[:, None] + torch.arange(queries)[None, :]
         hidden = torch.arange(begin, self.end)[None, None, :] > seen[:, :, None]
         mask = _additive(hidden, dtype)
-        self.mask = (mask.repeat_interleave(group, dim=1) if queries > 1 else mask)[:, None]
+        self.mask = (None if not bool(hidden.any()) else  # none hidden: as `_Batch`
+                     (mask.repeat_interleave(group, dim=1) if queries > 1 else mask)[:, None])
         if queries == 1:
             return
         # the call's query rows, (entry, kv head, query, head of the group), as rows of the

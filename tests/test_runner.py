@@ -259,9 +259,8 @@ def test_short_chunks_after_a_shared_prefix_match_transformers(name: str, weight
     in_place: list[bool] = []  # per forward: whether the own parts' first call read slots in place
     attend = _SharedPrefix.attend
     monkeypatch.setattr(_SharedPrefix, "attend", lambda self, layer, *args: (
-        (shared.append((len(self.own[0].mask), sum(part.count for part in self.own),
-                        len(self.own[1].mask)
-                        if len(self.own) > 1 else 0)),
+        (shared.append((self.own[0].entries, sum(part.count for part in self.own),
+                        self.own[1].entries if len(self.own) > 1 else 0)),
          in_place.append(isinstance(self.own[0].slots, slice))) if layer == 0 else None,
         attend(self, layer, *args)))
     model = tiny_model(name)
