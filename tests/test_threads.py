@@ -2,9 +2,10 @@
 
 Why: torch's CPU ops run on an OpenMP team owned by the calling thread, and once a process holds
 more OpenMP threads than CPUs, libgomp stops every team's workers from spinning between ops, so
-each op waits for its workers to wake. One parallel op in any other long-lived thread (the main
-thread, a server's request threads) leaves a team behind for good: measured on 2 cores, the
-products of a step of 8 rows took 37 ms instead of 21 from then on, in every thread. So the
+each op waits for its workers to wake. One parallel op in any other thread leaves a team behind
+for as long as that thread lives (the main thread, a server's pool threads: the process's life):
+measured on 2 cores, the products of a step of 8 rows took 37 ms instead of 21, in every
+thread, until that thread ended. So the
 model is loaded in a thread that ends with the loading (`engine/model.py`), and preparing a
 request, waiting for it and streaming it run no torch op in the caller's thread.
 
