@@ -368,10 +368,10 @@ class LlamaRunner:
         # where each token's keys and values go: rows (key or value, token's slot, kv head,
         # position) of a layer's cache viewed as (2 * slots * kv_heads * time, head_dim); one
         # index_copy_ a layer (advanced indexing with two index tensors took twice as long)
-        _, _, slots_cap, kv_heads, time_cap, _ = self._kv.shape
+        slots_cap, time_cap = self._kv.shape[2], self._kv.shape[4]
         part = torch.arange(2, device=device)[None, :, None]
-        head = torch.arange(kv_heads, device=device)[None, None, :]
-        cache_rows = (((part * slots_cap + slot_of_token[:, None, None]) * kv_heads + head)
+        head = torch.arange(w.kv_heads, device=device)[None, None, :]
+        cache_rows = (((part * slots_cap + slot_of_token[:, None, None]) * w.kv_heads + head)
                       * time_cap + position[:, None, None]).reshape(-1)
         cascade = device.type == "cpu"
         prefixes = [self._prefix.get(seq) if cascade and len(tokens) <= BATCHED_CHUNK else None
@@ -644,9 +644,10 @@ class _OwnPart:
         # padding query sees as much as its entry's last)
         seen = torch.tensor(starts)[:, None] + torch.arange(queries)[None, :]
         hidden = torch.arange(begin, self.end)[None, None, :] > seen[:, :, None]
-        mask = _additive(hidden, dtype)
-        self.mask = (None if not bool(hidden.any()) else  # none hidden: as `_Batch`
-                     (mask.repeat_interleave(group, dim=1) if queries > 1 else mask)[:, None])
+        self.mask = None  # where nothing is hidden, as in `_Batch`
+        if bool(hidden.any()):
+            mask = _additive(hidden, dtype)
+            self.mask = (mask.repeat_interleave(group, dim=1) if queries > 1 else mask)[:, None]
         if queries == 1:
             return
         # the call's query rows, (entry, kv head, query, head of the group), as rows of the

@@ -5,9 +5,9 @@ more OpenMP threads than CPUs, libgomp stops every team's workers from spinning 
 each op waits for its workers to wake. One parallel op in any other thread leaves a team behind
 for as long as that thread lives (the main thread, a server's pool threads: the process's life):
 measured on 2 cores, the products of a step of 8 rows took 37 ms instead of 21, in every
-thread, until that thread ended. So the
-model is loaded in a thread that ends with the loading (`engine/model.py`), and preparing a
-request, waiting for it and streaming it run no torch op in the caller's thread.
+thread, until that thread ended. So the model is loaded in a thread that ends with the loading
+(`engine/model.py`), and preparing a request, waiting for it and streaming it run no torch op
+in the caller's thread.
 
 Ops are recorded with a `TorchDispatchMode`, which sees only the thread that entered it: the
 decode loop's own ops are not recorded.
@@ -31,7 +31,7 @@ from torch.utils._pytree import tree_leaves
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from pegmask import Engine  # noqa: E402
-from pegmask.bench.serve_bench import TOOLS  # noqa: E402
+from pegmask.bench.serve_compare import CHAT_TOOLS  # noqa: E402
 
 # ATen's at::internal::GRAIN_SIZE: an elementwise op on fewer elements runs in the calling
 # thread without starting an OpenMP team.
@@ -54,7 +54,6 @@ class OpRecorder(TorchDispatchMode):
 
 
 MESSAGES = [{"role": "user", "content": "What is the weather in Oslo?"}]
-CHAT_TOOLS = [{"type": "function", "function": tool} for tool in TOOLS]
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 REQUESTS: dict[str, dict[str, Any]] = {
     "plain": {},
