@@ -25,7 +25,8 @@ without copying every row, and on CPUs the products it issues (float32, one per 
   call, forced chunks in another, one call per prompt chunk;
 * the KV cache is one tensor per layer with a slot per sequence, `(slots, kv_heads, time,
   head_dim)`; a sequence that leaves gives its slot to the last one, so the live slots are
-  always a prefix and attention reads runs of slots in place.
+  always a prefix and attention reads runs of slots in place. Sequences are kept in a few such
+  caches by length (`LlamaRunner`), so that one long sequence does not size every slot.
 """
 
 from __future__ import annotations
@@ -234,21 +235,100 @@ class LlamaWeights:
         )
 
 
-class LlamaRunner:
-    """A `SequenceRunner` (engine/runner.py) over `LlamaWeights`, with its own KV cache."""
+class _SlotCache:
+    """Keys and values of the sequences of one length tier: per layer `(2, slots, kv_heads,
+    time, head_dim)` in one tensor, a slot per sequence, grown by doubling up to the tier's
+    `limit` tokens; a sequence that leaves gives its slot to the last one, so the live slots
+    are always a prefix and attention reads runs of slots in place."""
 
-    def __init__(self, weights: LlamaWeights):
+    def __init__(self, weights: LlamaWeights, limit: int):
+        self.weights, self.limit = weights, limit
+        self.kv: torch.Tensor = torch.empty(0)
+        self.slots_cap = self.time_cap = 0
+        self.seqs: list[int] = []  # the sequence in each live slot
+        self.lengths: list[int] = []
+        self.slot: dict[int, int] = {}
+
+    def add(self, seq: int, length: int) -> int:
+        """A slot for `seq` with room for `length` tokens (their keys and values unset)."""
+        slot = len(self.seqs)
+        self.reserve(slot + 1, max(length, 1))
+        self.seqs.append(seq)
+        self.lengths.append(length)
+        self.slot[seq] = slot
+        return slot
+
+    def remove(self, seq: int) -> None:
+        slot = self.slot.pop(seq)
+        last = len(self.seqs) - 1
+        if slot != last:  # the last slot moves into the hole
+            length = self.lengths[last]
+            self.kv[:, :, slot, :, :length] = self.kv[:, :, last, :, :length]
+            moved = self.seqs[last]
+            self.seqs[slot], self.lengths[slot] = moved, length
+            self.slot[moved] = slot
+        self.seqs.pop()
+        self.lengths.pop()
+
+    def release(self) -> None:
+        """Give the memory back (the tier is empty)."""
+        self.kv = torch.empty(0)
+        self.slots_cap = self.time_cap = 0
+
+    def tokens(self, seq: int, length: int) -> torch.Tensor:
+        """(layers, 2, kv_heads, length, head_dim): a view of `seq`'s first tokens."""
+        return self.kv[:, :, self.slot[seq], :, :length]
+
+    def reserve(self, slots: int, time: int) -> None:
+        """Grow (doubling, within the tier's limit) to hold `slots` sequences of `time`
+        tokens."""
+        w = self.weights
+        if slots <= self.slots_cap and time <= self.time_cap:
+            return
+        new_slots = max(slots, self.slots_cap, 1)
+        if slots > self.slots_cap:
+            new_slots = max(slots, 2 * self.slots_cap)
+        new_time = self.time_cap
+        if time > self.time_cap:
+            new_time = min(self.limit, max(time, 2 * self.time_cap, 256))
+        shape = (len(w.layers), 2, new_slots, w.kv_heads, new_time, w.head_dim)
+        kv = torch.zeros(shape, dtype=w.cache_dtype, device=w.device)
+        if self.slots_cap and self.time_cap:
+            live, longest = len(self.seqs), max(self.lengths, default=0)
+            kv[:, :, :live, :, :longest] = self.kv[:, :, :live, :, :longest]
+        self.kv = kv
+        self.slots_cap, self.time_cap = new_slots, new_time
+
+
+def tier_limits(first: int, context: int) -> list[int]:
+    """The longest sequence each tier of the cache holds: `first`, then 4 times the last, up
+    to the context."""
+    limits = [min(first, context)]
+    while limits[-1] < context:
+        limits.append(min(4 * limits[-1], context))
+    return limits
+
+
+class LlamaRunner:
+    """A `SequenceRunner` (engine/runner.py) over `LlamaWeights`, with its own KV cache.
+
+    The cache is a few `_SlotCache` tiers by length (`tier_limits`: up to `first_tier` tokens,
+    then 4 times as many each): a tier's tensor is as long as its longest sequence for every
+    slot, so one long sequence among short ones would otherwise size all of their slots (one
+    7,000-token prompt beside 31 short requests: 11.25 GiB of SmolLM2 cache, 19 GB peak). A
+    sequence moves up a tier when it outgrows its own (a copy of its keys and values, once per
+    tier), and a tier above the first gives its memory back when its last sequence leaves. So
+    a long sequence lengthens only the slots of its own tier, whose sequences are at least a
+    quarter as long. Attention runs per tier; with every sequence in the first (the usual
+    case) a step makes the same calls as with one cache."""
+
+    def __init__(self, weights: LlamaWeights, first_tier: int = 1024):
         self.weights = weights
         self.device = weights.device
         self.logits_width = weights.logits_width
-        # The cache: per layer, keys and values (2, slots, kv_heads, time, head_dim), grown by
-        # doubling; one write per layer stores a step's keys and values together.
-        self._slots_cap = 0
-        self._time_cap = 0
-        self._kv: torch.Tensor = torch.empty(0)
-        self._seqs: list[int] = []  # the sequence in each live slot (live slots are a prefix)
-        self._slot: dict[int, int] = {}
-        self._lengths: list[int] = []
+        self._tiers = [_SlotCache(weights, limit)
+                       for limit in tier_limits(first_tier, weights.context)]
+        self._tier: dict[int, _SlotCache] = {}  # each sequence's tier
         # The saved prefix a sequence shares (`share`: a saved cache and how many of its tokens):
         # its first tokens' keys and values, the same in every sequence that began with it, so
         # one-token steps read them once for all.
@@ -256,128 +336,123 @@ class LlamaRunner:
         self._next = 0
 
     # ----------------------------------------------------------------- sequences
+    def _tier_for(self, length: int) -> _SlotCache:
+        if length > self.weights.context:
+            raise ValueError(f"a sequence of {length} tokens exceeds the context "
+                             f"({self.weights.context})")
+        return next(tier for tier in self._tiers if length <= tier.limit)
+
+    def _place(self, length: int) -> tuple[int, _SlotCache, int]:
+        """A new sequence with room for `length` tokens: (its id, its tier, its slot)."""
+        seq, self._next = self._next, self._next + 1
+        tier = self._tier_for(length)
+        self._tier[seq] = tier
+        return seq, tier, tier.add(seq, length)
+
     @torch.inference_mode()
     def add(self) -> int:
-        seq, self._next = self._next, self._next + 1
-        slot = len(self._seqs)
-        self._reserve(slot + 1, 1)
-        self._seqs.append(seq)
-        self._lengths.append(0)
-        self._slot[seq] = slot
+        seq, _, _ = self._place(0)
         return seq
 
     @torch.inference_mode()
     def fork(self, seq: int) -> int:
-        source = self._slot[seq]
-        new = self.add()
-        slot, length = self._slot[new], self._lengths[source]
-        self._kv[:, :, slot, :, :length] = self._kv[:, :, source, :, :length]
-        self._lengths[slot] = length
+        source = self._tier[seq]
+        length = source.lengths[source.slot[seq]]
+        new, tier, slot = self._place(length)
+        tier.kv[:, :, slot, :, :length] = source.tokens(seq, length)
         if seq in self._prefix:
             self._prefix[new] = self._prefix[seq]
         return new
 
     @torch.inference_mode()
     def remove(self, seq: int) -> None:
-        slot = self._slot.pop(seq, None)
-        if slot is None:
+        tier = self._tier.pop(seq, None)
+        if tier is None:
             return
         self._prefix.pop(seq, None)
-        last = len(self._seqs) - 1
-        if slot != last:  # the last slot moves into the hole
-            length = self._lengths[last]
-            self._kv[:, :, slot, :, :length] = self._kv[:, :, last, :, :length]
-            moved = self._seqs[last]
-            self._seqs[slot], self._lengths[slot] = moved, length
-            self._slot[moved] = slot
-        self._seqs.pop()
-        self._lengths.pop()
+        tier.remove(seq)
+        if not tier.seqs and tier is not self._tiers[0]:
+            tier.release()
 
     def length(self, seq: int) -> int:
-        return self._lengths[self._slot[seq]]
+        tier = self._tier[seq]
+        return tier.lengths[tier.slot[seq]]
 
     @torch.inference_mode()
     def save(self, seq: int, length: int) -> torch.Tensor:
         """(layers, 2, kv_heads, length, head_dim): only the tokens, not the slot's room."""
-        slot = self._slot[seq]
-        return self._kv[:, :, slot, :, :min(length, self._lengths[slot])].clone()
+        return self._tier[seq].tokens(seq, min(length, self.length(seq))).clone()
 
     @torch.inference_mode()
     def restore(self, saved: torch.Tensor, length: int | None = None) -> int:
-        seq = self.add()
-        slot = self._slot[seq]
         length = saved.shape[-2] if length is None else length
-        self._reserve(len(self._seqs), length)
-        self._kv[:, :, slot, :, :length] = saved[..., :length, :]
-        self._lengths[slot] = length
+        seq, tier, slot = self._place(length)
+        tier.kv[:, :, slot, :, :length] = saved[..., :length, :]
         return seq
 
     def share(self, seq: int, saved: torch.Tensor, length: int) -> None:
         self._prefix[seq] = (saved, length)
 
+    @torch.inference_mode()
+    def expect(self, seq: int, length: int) -> None:
+        """A long prompt goes to its tier before its first chunk, rather than lengthening the
+        tiers below it chunk by chunk on its way up."""
+        self._grow(seq, length)
+
     def truncate(self, seq: int, length: int) -> None:
         """The cache past `length` is left as it is: no call reads a slot past its length."""
-        slot = self._slot[seq]
-        if not 0 <= length <= self._lengths[slot]:
-            raise ValueError(f"cannot truncate a sequence of {self._lengths[slot]} tokens to "
+        tier = self._tier[seq]
+        slot = tier.slot[seq]
+        if not 0 <= length <= tier.lengths[slot]:
+            raise ValueError(f"cannot truncate a sequence of {tier.lengths[slot]} tokens to "
                              f"{length}")
-        self._lengths[slot] = length
+        tier.lengths[slot] = length
 
-    def _reserve(self, slots: int, time: int) -> None:
-        """Grow the cache (doubling) to hold `slots` sequences of `time` tokens."""
-        w = self.weights
-        if time > w.context:
-            raise ValueError(f"a sequence of {time} tokens exceeds the context ({w.context})")
-        if slots <= self._slots_cap and time <= self._time_cap:
+    def _grow(self, seq: int, length: int) -> None:
+        """Room for `seq` to hold `length` tokens: in its tier, or by moving it up to the tier
+        that holds that many (its keys and values copied)."""
+        tier = self._tier[seq]
+        if length <= tier.limit:
             return
-        new_slots = max(slots, self._slots_cap, 1)
-        if slots > self._slots_cap:
-            new_slots = max(slots, 2 * self._slots_cap, 4)
-        new_time = self._time_cap
-        if time > self._time_cap:
-            new_time = min(w.context, max(time, 2 * self._time_cap, 256))
-        shape = (len(w.layers), 2, new_slots, w.kv_heads, new_time, w.head_dim)
-        kv = torch.zeros(shape, dtype=w.cache_dtype, device=self.device)
-        if self._slots_cap and self._time_cap:
-            live, longest = len(self._seqs), max(self._lengths, default=0)
-            kv[:, :, :live, :, :longest] = self._kv[:, :, :live, :, :longest]
-        self._kv = kv
-        self._slots_cap, self._time_cap = new_slots, new_time
+        kept = self.length(seq)
+        target = self._tier_for(length)
+        slot = target.add(seq, kept)
+        target.reserve(len(target.seqs), length)
+        target.kv[:, :, slot, :, :kept] = tier.tokens(seq, kept)
+        tier.remove(seq)
+        if not tier.seqs and tier is not self._tiers[0]:
+            tier.release()
+        self._tier[seq] = target
 
     # ----------------------------------------------------------------- forward
     @torch.inference_mode()
     def forward(self, chunks: Sequence[Chunk], scored: Sequence[int] | None = None,
                 ) -> torch.Tensor:
         w, device = self.weights, self.device
-        slots = [self._slot[seq] for seq, _ in chunks]
-        starts = [self._lengths[slot] for slot in slots]
         sizes = [len(tokens) for _, tokens in chunks]
         if min(sizes, default=0) < 1:
             raise ValueError("every chunk needs at least one token")
         if scored is not None and not all(1 <= keep <= size
                                           for keep, size in zip(scored, sizes, strict=True)):
             raise ValueError("each chunk's scored tokens must be 1 to its length")
-        self._reserve(len(self._seqs), max(s + n for s, n in zip(starts, sizes, strict=True)))
-        tokens = torch.tensor([t for _, chunk in chunks for t in chunk], dtype=torch.long)
-        slot_of_token = torch.tensor([s for s, n in zip(slots, sizes, strict=True)
-                                      for _ in range(n)], dtype=torch.long)
+        starts = [self.length(seq) for seq, _ in chunks]
+        for (seq, _), start, size in zip(chunks, starts, sizes, strict=True):
+            self._grow(seq, start + size)
+        first_rows = [0]
+        for size in sizes:
+            first_rows.append(first_rows[-1] + size)
+        last_rows = [end - 1 for end in first_rows[1:]]
+        tokens = torch.tensor([t for _, chunk in chunks for t in chunk], dtype=torch.long,
+                              device=device)
         position = torch.tensor([p for s, n in zip(starts, sizes, strict=True)
-                                 for p in range(s, s + n)], dtype=torch.long)
-        tokens, slot_of_token, position = (t.to(device) for t in (tokens, slot_of_token, position))
+                                 for p in range(s, s + n)], dtype=torch.long, device=device)
         cos, sin = w.cos[position][:, None], w.sin_signed[position][:, None]
-        # where each token's keys and values go: rows (key or value, token's slot, kv head,
-        # position) of a layer's cache viewed as (2 * slots * kv_heads * time, head_dim); one
-        # index_copy_ a layer (advanced indexing with two index tensors took twice as long)
-        slots_cap, time_cap = self._kv.shape[2], self._kv.shape[4]
-        part = torch.arange(2, device=device)[None, :, None]
-        head = torch.arange(w.kv_heads, device=device)[None, None, :]
-        cache_rows = (((part * slots_cap + slot_of_token[:, None, None]) * w.kv_heads + head)
-                      * time_cap + position[:, None, None]).reshape(-1)
-        cascade = device.type == "cpu"
-        prefixes = [self._prefix.get(seq) if cascade and len(tokens) <= BATCHED_CHUNK else None
-                    for seq, tokens in chunks]
-        plan = _AttentionPlan(slots, starts, sizes, prefixes, w.heads, w.heads // w.kv_heads,
-                              w.cache_dtype, device)
+        stepping: dict[int, list[int]] = {}  # per tier that steps (by id): its chunks
+        for k, (seq, _) in enumerate(chunks):
+            stepping.setdefault(id(self._tier[seq]), []).append(k)
+        parts = [self._tier_part(members, chunks, starts, sizes, first_rows,
+                                 whole=len(stepping) == 1)
+                 for members in stepping.values()]
 
         x = F.embedding(tokens, w.embed)
         heads, kv_heads, dim, eps = w.heads, w.kv_heads, w.head_dim, w.eps
@@ -395,21 +470,60 @@ class LlamaRunner:
             qk = qkv[:, : (heads + kv_heads) * dim].view(count, heads + kv_heads, dim)
             turned = qk.roll(dim // 2, dims=-1)
             qk.mul_(cos).addcmul_(turned, sin)
-            cache = self._kv[index]
-            cache.view(-1, dim).index_copy_(
-                0, cache_rows, qkv[:, heads * dim :].reshape(-1, dim).to(cache.dtype))
-            attended = plan.attend(index, q.to(cache.dtype), cache, scale)
+            kv_rows = qkv[:, heads * dim :]
+            queries = q.to(w.cache_dtype)
+            attended = torch.empty_like(queries)
+            for tier, token_rows, cache_rows, plan in parts:
+                cache = tier.kv[index]
+                written = kv_rows if token_rows is None else kv_rows.index_select(0, token_rows)
+                cache.view(-1, dim).index_copy_(
+                    0, cache_rows, written.reshape(-1, dim).to(cache.dtype))
+                plan.attend(index, queries, cache, scale, attended)
             layer.out.add_to(x, attended.reshape(count, heads * dim))
             h = F.rms_norm(x, (x.shape[-1],), layer.mlp_norm, eps)
             layer.down.add_to(x, layer.gated(h))
-        for slot, start, size in zip(slots, starts, sizes, strict=True):
-            self._lengths[slot] = start + size
-        rows = plan.last_rows if scored is None else [
-            row for last, keep in zip(plan.last_rows, scored, strict=True)
+        for (seq, _), start, size in zip(chunks, starts, sizes, strict=True):
+            tier = self._tier[seq]
+            tier.lengths[tier.slot[seq]] = start + size
+        rows = last_rows if scored is None else [
+            row for last, keep in zip(last_rows, scored, strict=True)
             for row in range(last - keep + 1, last + 1)]
         h = F.rms_norm(x[torch.tensor(rows, dtype=torch.long, device=device)], (x.shape[-1],),
                        w.norm, eps)
         return w.lm_head(h).float()
+
+    def _tier_part(self, members: list[int], chunks: Sequence[Chunk], starts: list[int],
+                   sizes: list[int], first_rows: list[int], whole: bool,
+                   ) -> tuple[_SlotCache, torch.Tensor | None, torch.Tensor, _AttentionPlan]:
+        """What one tier's chunks (`members`, indices into `chunks`) need in every layer: the
+        tier, its tokens' packed rows (None: every row, the step's only tier), where their keys
+        and values go, and how they attend."""
+        w, device = self.weights, self.device
+        tier = self._tier[chunks[members[0]][0]]
+        tier.reserve(len(tier.seqs), max(starts[k] + sizes[k] for k in members))
+        slots = [tier.slot[chunks[k][0]] for k in members]
+        slot_of_token = torch.tensor([slot for slot, k in zip(slots, members, strict=True)
+                                      for _ in range(sizes[k])], dtype=torch.long, device=device)
+        position = torch.tensor([p for k in members
+                                 for p in range(starts[k], starts[k] + sizes[k])],
+                                dtype=torch.long, device=device)
+        token_rows = None if whole else torch.tensor(
+            [r for k in members for r in range(first_rows[k], first_rows[k] + sizes[k])],
+            dtype=torch.long, device=device)
+        # where each token's keys and values go: rows (key or value, token's slot, kv head,
+        # position) of a layer's cache viewed as (2 * slots * kv_heads * time, head_dim); one
+        # index_copy_ a layer (advanced indexing with two index tensors took twice as long)
+        part = torch.arange(2, device=device)[None, :, None]
+        head = torch.arange(w.kv_heads, device=device)[None, None, :]
+        cache_rows = (((part * tier.slots_cap + slot_of_token[:, None, None]) * w.kv_heads + head)
+                      * tier.time_cap + position[:, None, None]).reshape(-1)
+        cascade = device.type == "cpu"
+        prefixes = [self._prefix.get(chunks[k][0]) if cascade and sizes[k] <= BATCHED_CHUNK
+                    else None for k in members]
+        plan = _AttentionPlan(slots, [starts[k] for k in members], [sizes[k] for k in members],
+                              [first_rows[k] for k in members], prefixes, w.heads,
+                              w.heads // w.kv_heads, w.cache_dtype, device)
+        return tier, token_rows, cache_rows, plan
 
 
 # Chunks of at most this many tokens (one sampled token, or the few a grammar forces after
@@ -514,16 +628,13 @@ class _AttentionPlan:
     other one-token rows (decoding) in one `_Batch`; the other forced chunks in another, padded
     to the longest of them (padding every row to it made one jump-forward cost each row up
     to 16 queries; a call per forced chunk made constrained rows cost several times plain
-    ones); each longer chunk (a prompt chunk) in a call of its own. Built once per forward,
-    used by every layer. `heads`: query heads; `group`: query heads per key/value head."""
+    ones); each longer chunk (a prompt chunk) in a call of its own. Built once per forward
+    and cache tier, used by every layer. `rows`: each chunk's first row in the step's packed
+    rows; `heads`: query heads; `group`: query heads per key/value head."""
 
-    def __init__(self, slots: list[int], starts: list[int], sizes: list[int],
+    def __init__(self, slots: list[int], starts: list[int], sizes: list[int], rows: list[int],
                  prefixes: list[tuple[torch.Tensor, int] | None], heads: int, group: int,
                  dtype: torch.dtype, device: torch.device):
-        rows = [0]
-        for size in sizes:
-            rows.append(rows[-1] + size)
-        self.last_rows = [end - 1 for end in rows[1:]]
         # a shared prefix (`LlamaRunner.share`): a saved cache and how many of its tokens
         sharing: dict[tuple[int, int], list[int]] = {}
         # in slot order, so that their own parts are read in place where the slots are a run
@@ -548,12 +659,12 @@ class _AttentionPlan:
                 end = starts[i] + size
                 query = torch.arange(starts[i], end)[:, None]
                 mask = (torch.arange(end)[None, :] <= query).to(device)
-                self.chunks.append((rows[i], rows[i + 1], slots[i], end, mask))
+                self.chunks.append((rows[i], rows[i] + size, slots[i], end, mask))
 
-    def attend(self, layer: int, q: torch.Tensor, cache: torch.Tensor,
-               scale: float) -> torch.Tensor:
-        """`cache`: the layer's keys and values (2, slots, kv_heads, time, head_dim)."""
-        out = torch.empty_like(q)
+    def attend(self, layer: int, q: torch.Tensor, cache: torch.Tensor, scale: float,
+               out: torch.Tensor) -> None:
+        """Write the planned rows' attention into `out`; `cache`: the layer's keys and values
+        (2, slots, kv_heads, time, head_dim)."""
         for shared in self.shared:
             shared.attend(layer, q, cache, scale, out)
         for batch in self.batches:
@@ -564,7 +675,6 @@ class _AttentionPlan:
                 q[first:stop].transpose(0, 1)[None], keys, values, attn_mask=mask, scale=scale,
                 enable_gqa=True)
             out[first:stop] = result[0].transpose(0, 1)
-        return out
 
 
 class _SharedPrefix:

@@ -56,6 +56,11 @@ class SequenceRunner(Protocol):
         runner may read them once for all of them (or ignore this)."""
         ...
 
+    def expect(self, seq: int, length: int) -> None:
+        """`seq` will soon hold `length` tokens (its whole prompt, fed in chunks): the runner
+        may make room for them now (or ignore this)."""
+        ...
+
     def length(self, seq: int) -> int:
         """Tokens in the sequence so far."""
         ...
@@ -118,6 +123,9 @@ class TransformersRunner:
 
     def share(self, seq: int, saved: Any, length: int) -> None:
         """Nothing: each sequence runs on its own."""
+
+    def expect(self, seq: int, length: int) -> None:
+        """Nothing: each sequence's cache grows as it is fed."""
 
     def length(self, seq: int) -> int:
         return self._lengths[seq]

@@ -382,6 +382,7 @@ class Scheduler:
             prompt = prefill.submission.spec.prompt_ids
             if prefill.seq is None:  # its first chunk: it starts from the longest kept prefix
                 prefill.seq, prefill.position, final = self.prefixes.start(prompt)
+                self.runner.expect(prefill.seq, len(prompt))
                 prefill.submission.cached_tokens = prefill.position
                 self.stats.cached_prompt_tokens += prefill.position
                 if final is not None:

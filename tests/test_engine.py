@@ -213,6 +213,26 @@ def test_batch_mixes_requests(engine: Engine) -> None:
     jsonschema.validate(json.loads(batch[2].text), schema)
 
 
+def test_a_long_prompt_decodes_in_a_cache_tier_of_its_own() -> None:
+    """A prompt longer than the key/value cache's first tier goes to the tier of its length
+    before its first chunk (the scheduler tells the runner its length), so the slots of the
+    short requests beside it stay as long as they need; every answer is the one it gets
+    alone, and the long one's tier is given back when it ends."""
+    with Engine(prefix_cache=0, prewarm=False) as engine:
+        long_prompt = "Fruit list: " + "apple, banana, cherry, " * 200 + "and the last one is"
+        short = ["The capital of France is", "One, two, three,"]
+        alone = [engine.generate(p, max_tokens=5, temperature=0).text
+                 for p in [long_prompt, *short]]
+        tiers = engine.scheduler.runner._tiers
+        assert [tier.limit for tier in tiers] == [1024, 4096, 8192]
+        assert tiers[0].time_cap == 256 and tiers[1].time_cap == 0
+        batch = engine.generate_batch([{"prompt": p, "max_tokens": 5, "temperature": 0}
+                                       for p in [long_prompt, *short]])
+        assert batch[0].usage["prompt_tokens"] > 1024
+        assert [result.text for result in batch] == alone
+        assert tiers[0].time_cap == 256 and tiers[1].time_cap == 0
+
+
 @pytest.mark.parametrize(("options", "param"), [
     ({"messages": []}, "messages"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}],

@@ -21,8 +21,10 @@ from pegmask.engine.llama_runner import (
     LlamaRunner,
     LlamaWeights,
     _SharedPrefix,
+    _SlotCache,
     bf16_kernel_available,
     supports,
+    tier_limits,
 )
 from pegmask.engine.model import load_backend
 from pegmask.engine.runner import TransformersRunner
@@ -119,6 +121,67 @@ def test_short_and_long_chunks_in_one_step(sizes: tuple[int, ...], weight_format
                         for (_, ref), chunk in zip(seqs, chunks, strict=True)])
     tolerance = FORMATS[weight_format]
     torch.testing.assert_close(ours, theirs, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("first_tier", [2, 4, 8])
+def test_sequences_in_length_tiers_match_transformers(first_tier: int) -> None:
+    """With small tiers every sequence of `drive` outgrows one or two of them mid-script
+    (moved up with its keys and values, next to sequences staying below): the same logits."""
+    model = tiny_model("qwen3")
+    runner = LlamaRunner(LlamaWeights(model, fp16_weights=False), first_tier=first_tier)
+    assert [tier.limit for tier in runner._tiers] == tier_limits(first_tier, 128)
+    for ours, theirs in drive(runner, TransformersRunner(model, torch.device("cpu"))):
+        torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
+    assert tier_limits(1024, 8192) == [1024, 4096, 8192]
+    assert tier_limits(1024, 512) == [512]
+
+
+def test_one_long_sequence_does_not_size_the_short_ones_slots() -> None:
+    """31 short sequences and one of 100 tokens: the short ones' tier stays as long as they
+    need, the long one has a tier of its own, whose memory goes when it leaves; a saved
+    prefix restores, and a fork copies, into the tier of its length. Logits stay exact."""
+    model = tiny_model("llama")
+    runner = LlamaRunner(LlamaWeights(model, fp16_weights=False), first_tier=16)
+    reference = TransformersRunner(model, torch.device("cpu"))
+    short = [runner.add() for _ in range(31)]
+    runner.forward([(seq, [1 + k % 5, 2, 3]) for k, seq in enumerate(short)])
+    long, rlong = runner.add(), reference.add()
+    history = [1 + i % 11 for i in range(100)]
+    for begin in range(0, 100, 30):  # the prompt in chunks, beside the short rows' steps
+        chunk = history[begin : begin + 30]
+        ours = runner.forward([(short[0], [4]), (long, chunk), (short[5], [4])])
+        torch.testing.assert_close(ours[1:2], reference.forward([(rlong, chunk)]), rtol=1e-4,
+                                   atol=1e-4)
+    first, _, top = runner._tiers
+    assert first.time_cap == 16 and len(first.seqs) == 31
+    assert top.seqs == [long] and top.time_cap >= 100 and top.slots_cap == 1
+    copy, rcopy = runner.fork(long), reference.fork(rlong)
+    saved = runner.save(long, 60)
+    restored, rrestored = runner.restore(saved), reference.restore(reference.save(rlong, 60))
+    assert runner._tier[copy] is top and runner._tier[restored] is runner._tiers[1]
+    ours = runner.forward([(copy, [7]), (short[1], [5]), (restored, [8])])
+    torch.testing.assert_close(ours[0:1], reference.forward([(rcopy, [7])]), rtol=1e-4,
+                               atol=1e-4)
+    torch.testing.assert_close(ours[2:3], reference.forward([(rrestored, [8])]), rtol=1e-4,
+                               atol=1e-4)
+    for seq in (long, copy, restored):
+        runner.remove(seq)
+    assert top.kv.numel() == 0 and runner._tiers[1].kv.numel() == 0
+    assert first.time_cap == 16
+
+
+def test_a_tier_grows_by_doubling_within_its_limit() -> None:
+    """More slots do not lengthen them; a longer sequence doubles the length (from 256), never
+    past the tier's limit; what the live slots hold is kept."""
+    cache = _SlotCache(LlamaWeights(tiny_model("llama"), fp16_weights=False), limit=600)
+    for seq in range(5):
+        cache.add(seq, 3)
+    assert (cache.slots_cap, cache.time_cap) == (8, 256)
+    cache.kv[:, :, 4, :, :3] = 1.5
+    cache.reserve(5, 300)
+    assert (cache.slots_cap, cache.time_cap) == (8, 512)
+    cache.reserve(5, 513)
+    assert cache.time_cap == 600 and bool((cache.kv[:, :, 4, :, :3] == 1.5).all())
 
 
 def test_float16_weights_stay_close_to_float32() -> None:
@@ -218,13 +281,15 @@ def test_runner_rejects_empty_chunks_and_overlong_sequences() -> None:
         runner.forward([(seq, [1] * 129)])
 
 
+@pytest.mark.parametrize("first_tier", [1024, 4])
 @pytest.mark.parametrize("name", ["llama", "qwen3"])
-def test_a_saved_prefix_restores_as_a_sequence_of_its_tokens(name: str) -> None:
+def test_a_saved_prefix_restores_as_a_sequence_of_its_tokens(name: str, first_tier: int) -> None:
     """Restored whole or in part (a prompt that shares only the beginning of a kept prefix),
     and shared in part (read once for the sequences that began with it, `share`): the
-    sequence holds just those tokens and continues as a fresh one would."""
+    sequence holds just those tokens and continues as a fresh one would (in one cache tier, or
+    in two and moving up)."""
     model = tiny_model(name)
-    runner = LlamaRunner(LlamaWeights(model, fp16_weights=False))
+    runner = LlamaRunner(LlamaWeights(model, fp16_weights=False), first_tier=first_tier)
     reference = TransformersRunner(model, torch.device("cpu"))
     a, ra = runner.add(), reference.add()
     runner.forward([(a, [1, 2, 3, 4, 5, 6])])
