@@ -60,6 +60,9 @@ from pegmask.grammars.compiler import CompiledGrammar
 from pegmask.grammars.vocab import Vocabulary
 
 logger = logging.getLogger("pegmask.engine")
+# The key/value cache the running requests may hold at most, as vLLM's CPU backend long kept by
+# default (VLLM_CPU_KVCACHE_SPACE=4): SmolLM2's float32 cache, 46 KiB a token, 91,000 tokens.
+DEFAULT_KV_CACHE_BYTES = 4 * 2**30
 _TOOLS_VARIABLE = re.compile(r"\btools\b")
 # A request that touches what the first request of a process would otherwise pay for (the PEG
 # and JSON Schema front-ends, the dialect's grammar, the vocabulary's tries, the first masks).
@@ -185,7 +188,9 @@ class Engine:
     models; both None: bfloat16 where the CPU has AMX, else float16; `fp16_weights=False`:
     float32; `bf16_weights=True`: bfloat16, CPUs with AMX only): see engine/llama_runner.py.
     `max_model_len` bounds a request's prompt and output tokens together (default: the
-    model's context). `strict_tool_arguments` closes tool parameter objects that do not say
+    model's context); `kv_cache_bytes` the key/value cache of the running requests, each
+    counted with its whole prompt and output budget for every choice: a request waits while
+    it does not fit, and one that could never fit is a bad request (None: no bound). `strict_tool_arguments` closes tool parameter objects that do not say
     `additionalProperties` (False: plain JSON Schema). `prewarm` pays the process's one-time
     grammar costs now rather than in the first request. `grammar_limits` are the size budgets
     every request's grammar is compiled and closed under (a grammar past one is a bad request
@@ -216,6 +221,7 @@ class Engine:
         bf16_weights: bool | None = None,
         strict_tool_arguments: bool = True,
         max_model_len: int | None = None,
+        kv_cache_bytes: int | None = DEFAULT_KV_CACHE_BYTES,
         prewarm: bool = True,
         grammar_limits: GrammarLimits | None = None,
         compile_workers: int = DEFAULT_COMPILE_WORKERS,
@@ -258,11 +264,18 @@ class Engine:
         # Rendering, tokenizing and building a request's grammar touch the dialect's caches and
         # the tokenizer: one request at a time (milliseconds). Compiling is not under it.
         self._prepare_lock = threading.Lock()
+        self.runner = self.backend.runner(fp16_weights=fp16_weights, bf16_weights=bf16_weights)
+        kv_cache_tokens = None
+        if kv_cache_bytes is not None:
+            kv_cache_tokens = kv_cache_bytes // self.runner.token_bytes
+            if kv_cache_tokens < 1:
+                raise ValueError(f"kv_cache_bytes={kv_cache_bytes} holds no token of this "
+                                 f"model ({self.runner.token_bytes} bytes a token)")
         self.limits = Limits(max_running=max_running, max_queued=max_queued,
                              prefill_chunk=prefill_chunk, request_timeout_s=request_timeout_s,
-                             prefix_cache=prefix_cache, draft_budget=draft_budget)
+                             prefix_cache=prefix_cache, draft_budget=draft_budget,
+                             kv_cache_tokens=kv_cache_tokens)
         self.stats = DecodeStats()
-        self.runner = self.backend.runner(fp16_weights=fp16_weights, bf16_weights=bf16_weights)
         # The raw text of turns with tool calls, replayed when clients send the calls back.
         self.replay = ReplayMemory()
         self.scheduler = Scheduler(self.runner, self.vocab, self.limits, self.stats,
@@ -440,6 +453,14 @@ class Engine:
             raise InvalidRequestError(
                 f"n={sampling.n} exceeds this server's {self.limits.max_running} running "
                 "sequences", "n")
+        budget = self.limits.kv_cache_tokens
+        needed = sampling.n * (len(prompt_ids) + max_new)
+        if budget is not None and needed > budget:
+            raise InvalidRequestError(
+                f"max_tokens is too large: {max_new}. {sampling.n} choice(s) of "
+                f"{len(prompt_ids)} prompt and {max_new} output tokens can hold {needed} "
+                f"tokens of key/value cache; this server holds at most {budget} "
+                "(kv_cache_bytes).", "max_tokens")
         if request.is_chat and self.dialect is None:
             request = self._plain_chat(request)
         dialect = self.dialect

@@ -326,6 +326,8 @@ class LlamaRunner:
         self.weights = weights
         self.device = weights.device
         self.logits_width = weights.logits_width
+        self.token_bytes = (len(weights.layers) * 2 * weights.kv_heads * weights.head_dim
+                            * weights.cache_dtype.itemsize)
         self._tiers = [_SlotCache(weights, limit)
                        for limit in tier_limits(first_tier, weights.context)]
         self._tier: dict[int, _SlotCache] = {}  # each sequence's tier

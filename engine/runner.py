@@ -29,6 +29,7 @@ class SequenceRunner(Protocol):
 
     device: torch.device
     logits_width: int
+    token_bytes: int  # the keys and values of one token of a sequence (every layer)
 
     def add(self) -> int:
         """Open an empty sequence; returns its id."""
@@ -86,6 +87,12 @@ class TransformersRunner:
         self.model = model
         self.device = device
         self.logits_width = int(model.get_output_embeddings().weight.shape[0])
+        config = model.config.get_text_config()
+        heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        self.token_bytes = (config.num_hidden_layers * 2 * kv_heads * head_dim
+                            * model.dtype.itemsize)
         self._caches: dict[int, Any] = {}
         self._lengths: dict[int, int] = {}
         self._next = 0

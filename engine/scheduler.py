@@ -3,7 +3,8 @@
 `Engine.generate`, `generate_batch`, `run-batch` and the server all call `Scheduler.submit` from
 any thread with a prepared request (a `RowSpec`: prompt tokens, compiled grammar, sampling). The
 loop runs in its own thread. Between two steps it admits waiting requests while there is room
-for their choices (`Limits.max_running`), and drops the rows of cancelled or timed-out requests.
+for their choices (`Limits.max_running`) and for all they can hold in the key/value cache
+(`Limits.kv_cache_tokens`), and drops the rows of cancelled or timed-out requests.
 Each step is one forward over every row's new tokens: a prompt chunk of at most
 `Limits.prefill_chunk` tokens for requests still prefilling, the sampled (and jump-forward)
 tokens of the others (and, in a step of few rows, drafts of their next tokens checked in the
@@ -62,6 +63,10 @@ class Limits:
     prefix_cache: int = 4  # prompt prefixes kept for reuse (engine/prefix_cache.py; 0: none)
     # drafts (engine/speculation.py) are added while a step holds fewer tokens (0: none)
     draft_budget: int = 48
+    # the key/value cache's tokens held for running requests (`Submission.kv_tokens`, each
+    # request's whole prompt and output budget); a request waits while it does not fit (None:
+    # no bound)
+    kv_cache_tokens: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_running", "max_queued", "prefill_chunk"):
@@ -72,6 +77,8 @@ class Limits:
                 raise ValueError(f"{name} must be at least 0")
         if self.request_timeout_s is not None and self.request_timeout_s <= 0:
             raise ValueError("request_timeout_s must be positive")
+        if self.kv_cache_tokens is not None and self.kv_cache_tokens < 1:
+            raise ValueError("kv_cache_tokens must be at least 1")
 
 
 class QueueFullError(RuntimeError):
@@ -109,6 +116,8 @@ class Submission:
         self.deadline = None if timeout_s is None else self.submitted_at + timeout_s
         self.first_token_at: float | None = None
         self.cached_tokens = 0  # prompt tokens that came from the prefix cache
+        # what its choices can hold in the key/value cache: the prompt and the output budget
+        self.kv_tokens = spec.sampling.n * (len(spec.prompt_ids) + spec.max_new_tokens)
         self.error: BaseException | None = None
         self.done = threading.Event()
         self.cancelled = False
@@ -232,6 +241,7 @@ class Scheduler:
         self._decoding: list[Row] = []
         self._active: list[Submission] = []  # admitted, not finished
         self._owner: dict[Row, Submission] = {}
+        self._kv_held = 0  # `kv_tokens` of the admitted requests
         self._thread: threading.Thread | None = None
         self._closed = False
 
@@ -242,6 +252,10 @@ class Scheduler:
             raise ValueError(f"n={spec.sampling.n} exceeds the engine's "
                              f"{self.limits.max_running} running sequences")
         submission = Submission(spec, self.limits.request_timeout_s)
+        budget = self.limits.kv_cache_tokens
+        if budget is not None and submission.kv_tokens > budget:
+            raise ValueError(f"the request can hold {submission.kv_tokens} tokens of key/value "
+                             f"cache, more than the engine's {budget}")
         with self._cond:
             if self._closed:
                 raise SchedulerClosedError("the engine is closed")
@@ -306,6 +320,9 @@ class Scheduler:
             submission = self._waiting[0]
             if self.running + submission.spec.sampling.n > self.limits.max_running:
                 return
+            budget = self.limits.kv_cache_tokens
+            if budget is not None and self._kv_held + submission.kv_tokens > budget:
+                return
             self._waiting.popleft()
             if submission.cancelled:
                 submission._finish()
@@ -318,6 +335,7 @@ class Scheduler:
                 submission._finish(exc)
                 continue
             self._active.append(submission)
+            self._kv_held += submission.kv_tokens
             self._owner.update(dict.fromkeys(submission.rows, submission))
             self._prefilling.append(_Prefill(submission))
 
@@ -348,6 +366,7 @@ class Scheduler:
                 self.runner.remove(row.seq)
         if submission in self._active:
             self._active.remove(submission)
+            self._kv_held -= submission.kv_tokens
         if self.metrics is not None:
             self.metrics.request_ended(submission)
         if error is None and self.on_finish is not None and submission.rows:

@@ -135,6 +135,10 @@ def _model_options(parser: argparse.ArgumentParser) -> None:
                              "model's context)")
     parser.add_argument("--prefill-chunk", type=int, default=256,
                         help="prompt tokens per decode step (default 256)")
+    parser.add_argument("--kv-cache-memory-bytes", type=int, default=None,
+                        help="the key/value cache the running requests may hold, each counted "
+                             "with its prompt and max_tokens; a request waits for room, and "
+                             "one that never fits is refused (default 4 GiB; 0: no bound)")
     parser.add_argument("--prefix-cache", type=int, default=4,
                         help="prompt prefixes kept so that requests sharing one (the same "
                              "tools) skip its prefill, in whole blocks of 16 tokens (default 4; "
@@ -215,9 +219,11 @@ def _engine(args: argparse.Namespace) -> Any:
         torch.set_num_threads(args.threads)
     from pegmask.engine import Engine
 
-    compile_options = {name: getattr(args, name) for name in
+    engine_options = {name: getattr(args, name) for name in
                        ("compile_workers", "compile_timeout_s", "compile_memory_bytes")
                        if hasattr(args, name)}
+    if args.kv_cache_memory_bytes is not None:  # else the engine's default
+        engine_options["kv_cache_bytes"] = args.kv_cache_memory_bytes or None
     weights = {"auto": {}, "bfloat16": {"bf16_weights": True},
                "float16": {"fp16_weights": True}, "float32": {"fp16_weights": False}}[args.weights]
     return Engine(args.model, device=args.device, dtype=args.dtype, dialect=args.dialect,
@@ -231,7 +237,7 @@ def _engine(args: argparse.Namespace) -> Any:
                   grammar_limits=GrammarLimits(
                       max_instructions=args.grammar_max_instructions,
                       max_completion_length=args.grammar_max_completion_length),
-                  **compile_options)
+                  **engine_options)
 
 
 def _sampling(args: argparse.Namespace) -> dict[str, Any]:

@@ -496,6 +496,35 @@ def test_max_model_len_bounds_prompt_and_output() -> None:
     engine.close()
 
 
+@pytest.mark.parametrize("bounded", [True, False])
+def test_the_key_value_budget_holds_requests_back_and_refuses_one_that_never_fits(
+        bounded: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With room for 300 tokens of cache, two requests that can each hold about 200 (prompt
+    and max_tokens) decode one after the other, and one that can hold more than 300 is a bad
+    request naming max_tokens; without a bound the two decode together."""
+    token_bytes = 30 * 2 * 3 * 64 * 4  # SmolLM2's float32 keys and values, every layer
+    budget = {"kv_cache_bytes": 300 * token_bytes} if bounded else {"kv_cache_bytes": None}
+    with Engine(prefix_cache=0, prewarm=False, **budget) as engine:
+        assert engine.runner.token_bytes == token_bytes
+        assert engine.limits.kv_cache_tokens == (300 if bounded else None)
+        running: list[int] = []
+        step = engine.scheduler._step
+        monkeypatch.setattr(engine.scheduler, "_step",
+                            lambda: (running.append(engine.scheduler.running), step())[1])
+        results = engine.generate_batch([{"prompt": f"Count to {k}:", "max_tokens": 190,
+                                          "ignore_eos": True, "temperature": 0} for k in (5, 6)])
+        assert [r.usage["completion_tokens"] for r in results] == [190, 190]
+        assert max(running) == (1 if bounded else 2)
+        if not bounded:
+            return
+        with pytest.raises(InvalidRequestError) as caught:
+            engine.generate("Count to 7:", max_tokens=200, n=2)
+        assert caught.value.param == "max_tokens"
+        assert "can hold 4" in str(caught.value) and "at most 300" in str(caught.value)
+    with pytest.raises(ValueError, match="holds no token"):
+        Engine(kv_cache_bytes=100, prewarm=False)
+
+
 def test_a_step_wakes_a_request_once_after_all_its_choices_sampled(
         engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     # A consumer woken per choice would take the interpreter from the decode loop between rows.

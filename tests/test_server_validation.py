@@ -138,6 +138,25 @@ def test_budget_that_fits_is_served(server: Server) -> None:
         assert next(iter(stream)).choices[0].delta.role == "assistant"
 
 
+def test_a_request_past_the_key_value_budget_is_400_naming_the_field(
+        engine: Engine) -> None:
+    """A server whose cache holds 100 tokens: a request whose prompt and output budget exceed
+    it is refused in the field the client sent, and one that fits is served."""
+    with Engine(max_model_len=CONTEXT, kv_cache_bytes=100 * engine.runner.token_bytes,
+                prewarm=False) as small, serve(small) as tight:
+        client = tight.openai()
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(model=small.model_name, messages=USER,
+                                           max_completion_tokens=120)
+        error = caught.value.body
+        assert error["param"] == "max_completion_tokens"
+        assert error["message"].startswith("max_completion_tokens is too large: 120.")
+        assert "at most 100 (kv_cache_bytes)" in error["message"]
+        served = client.chat.completions.create(model=small.model_name, messages=USER,
+                                                max_tokens=5)
+        assert served.usage.completion_tokens <= 5
+
+
 # --------------------------------------------------------------------------- numbers at the edges
 @pytest.mark.parametrize(("fields", "param"), [
     ({"seed": 2**63}, "seed"),
