@@ -179,7 +179,9 @@ class Engine:
     local Hugging Face folder; `dialect="auto"` picks the chat dialect from the model's chat
     template; `chat_template` replaces the model's own. `max_running` rows (choices) decode at
     once and `max_queued` requests wait for room (more: `QueueFullError`); `prefill_chunk` bounds
-    the prompt tokens of one step; `prefix_cache` prompt prefixes are kept so that requests
+    the prompt tokens of one step, and with `decode_first` (None: on a CPU) a step beside
+    decoding rows takes at most as many prompt tokens as there are such rows (at least 16), so
+    that a long prompt does not stall them (engine/scheduler.py); `prefix_cache` prompt prefixes are kept so that requests
     sharing one (the same tools) skip its prefill (engine/prefix_cache.py; 0: none);
     `draft_budget`: a step's rows get prompt-lookup drafts of their next tokens, checked in
     the same forward, while the step holds fewer tokens than this (engine/speculation.py; the
@@ -214,6 +216,7 @@ class Engine:
         max_running: int = 32,
         max_queued: int = 256,
         prefill_chunk: int = 256,
+        decode_first: bool | None = None,
         prefix_cache: int = 4,
         draft_budget: int = 48,
         request_timeout_s: float | None = None,
@@ -273,6 +276,8 @@ class Engine:
                                  f"model ({self.runner.token_bytes} bytes a token)")
         self.limits = Limits(max_running=max_running, max_queued=max_queued,
                              prefill_chunk=prefill_chunk, request_timeout_s=request_timeout_s,
+                             decode_first=(self.runner.device.type == "cpu"
+                                           if decode_first is None else decode_first),
                              prefix_cache=prefix_cache, draft_budget=draft_budget,
                              kv_cache_tokens=kv_cache_tokens)
         self.stats = DecodeStats()

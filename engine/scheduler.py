@@ -6,9 +6,10 @@ loop runs in its own thread. Between two steps it admits waiting requests while 
 for their choices (`Limits.max_running`) and for all they can hold in the key/value cache
 (`Limits.kv_cache_tokens`), and drops the rows of cancelled or timed-out requests.
 Each step is one forward over every row's new tokens: a prompt chunk of at most
-`Limits.prefill_chunk` tokens for requests still prefilling, the sampled (and jump-forward)
-tokens of the others (and, in a step of few rows, drafts of their next tokens checked in the
-same forward: engine/speculation.py), so a long prompt never stalls the rows that decode. A
+`Limits.prefill_chunk` tokens for requests still prefilling (beside decoding rows, under
+`Limits.decode_first`, no more tokens than those rows), the sampled (and jump-forward) tokens of
+the others (and, in a step of few rows, drafts of their next tokens checked in the same
+forward: engine/speculation.py), so a long prompt does not stall the rows that decode. A
 prompt that begins with a kept prefix (the tool definitions every request of a client repeats)
 starts as a copy of it and prefills only the rest (engine/prefix_cache.py). Then every row
 that has logits is masked (one bitmask for the step), sampled and advanced on its own: one row's
@@ -45,6 +46,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("pegmask.scheduler")
 
+# The prompt tokens a step takes at least beside decoding rows under `Limits.decode_first`: a
+# block, which also attends in the batched call (llama_runner.BATCHED_CHUNK).
+DECODE_FIRST_MIN = 16
 # A drafted row's chunk (its sampled and forced tokens, then the draft) holds at most this many
 # tokens: the runner's batched attention call takes chunks up to 16 (llama_runner.BATCHED_CHUNK).
 MAX_CHUNK = 16
@@ -59,6 +63,11 @@ class Limits:
     max_running: int = 32
     max_queued: int = 256
     prefill_chunk: int = 256
+    # While rows decode, a step takes at most as many prompt tokens as it has decoding rows
+    # (at least `DECODE_FIRST_MIN`): on a CPU a step costs about its rows, so a long prompt
+    # about doubles the decoding rows' step time rather than stalling them (False: up to
+    # `prefill_chunk` tokens a step whatever decodes).
+    decode_first: bool = False
     request_timeout_s: float | None = None
     prefix_cache: int = 4  # prompt prefixes kept for reuse (engine/prefix_cache.py; 0: none)
     # drafts (engine/speculation.py) are added while a step holds fewer tokens (0: none)
@@ -391,6 +400,8 @@ class Scheduler:
             samplers.append([row])
         decoding = len(chunks)
         budget = self.limits.prefill_chunk
+        if self.limits.decode_first and decoding:
+            budget = min(budget, max(DECODE_FIRST_MIN, decoding))
         completed: list[_Prefill] = []
         advanced: list[tuple[_Prefill, int]] = []  # with the index of its chunk
         # prompts the prefix cache held whole: the logits after their last token, their rows

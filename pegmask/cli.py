@@ -135,6 +135,11 @@ def _model_options(parser: argparse.ArgumentParser) -> None:
                              "model's context)")
     parser.add_argument("--prefill-chunk", type=int, default=256,
                         help="prompt tokens per decode step (default 256)")
+    parser.add_argument("--no-decode-first", dest="decode_first", action="store_false",
+                        default=None,
+                        help="take --prefill-chunk prompt tokens a step even beside decoding "
+                             "rows (default on a CPU: at most as many as rows decode, at least "
+                             "16, so that a long prompt does not stall the others)")
     parser.add_argument("--kv-cache-memory-bytes", type=int, default=None,
                         help="the key/value cache the running requests may hold, each counted "
                              "with its prompt and max_tokens; a request waits for room, and "
@@ -229,7 +234,8 @@ def _engine(args: argparse.Namespace) -> Any:
     return Engine(args.model, device=args.device, dtype=args.dtype, dialect=args.dialect,
                   **weights,
                   max_running=args.max_running, max_queued=args.max_queued,
-                  prefill_chunk=args.prefill_chunk, prefix_cache=args.prefix_cache,
+                  prefill_chunk=args.prefill_chunk, decode_first=args.decode_first,
+                  prefix_cache=args.prefix_cache,
                   draft_budget=args.draft_budget,
                   request_timeout_s=args.request_timeout,
                   strict_tool_arguments=args.strict_tool_arguments,

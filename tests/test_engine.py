@@ -525,6 +525,32 @@ def test_the_key_value_budget_holds_requests_back_and_refuses_one_that_never_fit
         Engine(kv_cache_bytes=100, prewarm=False)
 
 
+@pytest.mark.parametrize("decode_first", [True, False])
+def test_a_long_prompt_beside_a_decoding_row_takes_small_chunks_under_decode_first(
+        decode_first: bool, engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 600-token prompt arrives while another request decodes: under decode_first (the
+    default on a CPU) its chunks beside the decoding row are of 16 tokens (the floor; a row's
+    worth beside more rows), so that row's steps stay short; without it, the first chunk is
+    `prefill_chunk` long. Either way both answers are whole."""
+    with Engine(prefix_cache=0, prewarm=False, decode_first=decode_first) as local:
+        assert local.limits.decode_first is decode_first
+        steps: list[list[int]] = []
+        forward = local.runner.forward
+        monkeypatch.setattr(local.runner, "forward", lambda chunks, *rest: (
+            steps.append([len(tokens) for _, tokens in chunks]), forward(chunks, *rest))[1])
+        first = local.generate("Once upon a time", stream=True, max_tokens=60,
+                               ignore_eos=True, temperature=0)
+        next(iter(first))  # decoding
+        long_prompt = "Fruit list: " + "apple, banana, cherry, " * 100
+        result = local.generate(long_prompt, max_tokens=3, temperature=0)
+        assert sum(1 for _ in first) and first.result.usage["completion_tokens"] == 60
+        assert result.usage["prompt_tokens"] > 600
+        beside = [sizes for sizes in steps if len(sizes) == 2]  # the long chunk and the row
+        assert beside
+        assert max(max(sizes) for sizes in beside) == (16 if decode_first else 256)
+    assert engine.limits.decode_first  # the default on a CPU
+
+
 def test_a_step_wakes_a_request_once_after_all_its_choices_sampled(
         engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     # A consumer woken per choice would take the interpreter from the decode loop between rows.
