@@ -181,8 +181,9 @@ class Engine:
     once and `max_queued` requests wait for room (more: `QueueFullError`); `prefill_chunk` bounds
     the prompt tokens of one step, and with `decode_first` (None: on a CPU) a step beside
     decoding rows takes at most as many prompt tokens as there are such rows (at least 16), so
-    that a long prompt does not stall them (engine/scheduler.py); `prefix_cache` prompt prefixes are kept so that requests
-    sharing one (the same tools) skip its prefill (engine/prefix_cache.py; 0: none);
+    that a long prompt does not stall them (engine/scheduler.py); `prefix_cache` prompt
+    prefixes are kept so that requests sharing one (the same tools) skip its prefill
+    (engine/prefix_cache.py; 0: none);
     `draft_budget`: a step's rows get prompt-lookup drafts of their next tokens, checked in
     the same forward, while the step holds fewer tokens than this (engine/speculation.py; the
     output's distribution does not change; 0: none); `request_timeout_s` bounds a request's
@@ -192,7 +193,8 @@ class Engine:
     `max_model_len` bounds a request's prompt and output tokens together (default: the
     model's context); `kv_cache_bytes` the key/value cache of the running requests, each
     counted with its whole prompt and output budget for every choice: a request waits while
-    it does not fit, and one that could never fit is a bad request (None: no bound). `strict_tool_arguments` closes tool parameter objects that do not say
+    it does not fit, and one that could never fit is a bad request (None: no bound).
+    `strict_tool_arguments` closes tool parameter objects that do not say
     `additionalProperties` (False: plain JSON Schema). `prewarm` pays the process's one-time
     grammar costs now rather than in the first request. `grammar_limits` are the size budgets
     every request's grammar is compiled and closed under (a grammar past one is a bad request
