@@ -365,7 +365,7 @@ class Engine:
         outcomes: list[Any] = []
         for i, item in enumerate(requests):
             try:
-                outcomes.append(self.prepare(self._batch_request(i, item)))
+                outcomes.append(self._fits(self.prepare(self._batch_request(i, item))))
             except InvalidRequestError as exc:
                 if not return_errors:
                     raise
@@ -387,7 +387,21 @@ class Engine:
         """Prepare `request` here (render, tokenize, compile: this thread waits for its
         grammar's compile in a worker) and queue it in the scheduler; raises
         InvalidRequestError, or QueueFullError when the queue is full."""
-        return self.scheduler.submit(self.prepare(request))
+        return self.scheduler.submit(self._fits(self.prepare(request)))
+
+    def _fits(self, spec: RowSpec) -> RowSpec:
+        """`spec`, if what its choices can hold fits in the key/value cache budget at all
+        (else it would wait forever); checked when a request is queued, not in `prepare`,
+        which `prewarm` calls with a prompt and budget it never decodes."""
+        budget, n = self.limits.kv_cache_tokens, spec.sampling.n
+        needed = n * (len(spec.prompt_ids) + spec.max_new_tokens)
+        if budget is not None and needed > budget:
+            raise InvalidRequestError(
+                f"max_tokens is too large: {spec.max_new_tokens}. {n} choice(s) of "
+                f"{len(spec.prompt_ids)} prompt and {spec.max_new_tokens} output tokens can "
+                f"hold {needed} tokens of key/value cache; this server holds at most {budget} "
+                "(kv_cache_bytes).", "max_tokens")
+        return spec
 
     def wait(self, submission: Submission) -> GenerationResult:
         """Block until `submission` ends; its result, or its error raised."""
@@ -460,14 +474,6 @@ class Engine:
             raise InvalidRequestError(
                 f"n={sampling.n} exceeds this server's {self.limits.max_running} running "
                 "sequences", "n")
-        budget = self.limits.kv_cache_tokens
-        needed = sampling.n * (len(prompt_ids) + max_new)
-        if budget is not None and needed > budget:
-            raise InvalidRequestError(
-                f"max_tokens is too large: {max_new}. {sampling.n} choice(s) of "
-                f"{len(prompt_ids)} prompt and {max_new} output tokens can hold {needed} "
-                f"tokens of key/value cache; this server holds at most {budget} "
-                "(kv_cache_bytes).", "max_tokens")
         if request.is_chat and self.dialect is None:
             request = self._plain_chat(request)
         dialect = self.dialect

@@ -518,3 +518,21 @@ def test_cli_run_batch(tmp_path, server: Server) -> None:
     assert second["custom_id"] == "q2" and second["response"]["status_code"] == 200
     assert second["response"]["body"]["choices"][0]["message"]["content"] in ("red", "blue")
     assert third["error"]["param"] == "messages"
+
+
+def test_cli_kv_cache_budget(tmp_path) -> None:
+    """`--kv-cache-memory-bytes`: room for 50 tokens of the embedded model's cache; a request
+    that can hold more is refused naming max_tokens, a smaller one is answered."""
+    from pegmask.cli import main
+
+    lines = [{"prompt": "The capital of France is", "max_tokens": 100},
+             {"prompt": "The capital of France is", "max_tokens": 4, "temperature": 0}]
+    source, target = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    source.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    token_bytes = 30 * 2 * 3 * 64 * 4
+    assert main(["run-batch", "-i", str(source), "-o", str(target), "--no-decode-first",
+                 "--kv-cache-memory-bytes", str(50 * token_bytes)]) == 1
+    refused, answered = [json.loads(line) for line in target.read_text().splitlines()]
+    assert refused["error"]["param"] == "max_tokens"
+    assert "at most 50 (kv_cache_bytes)" in refused["error"]["message"]
+    assert "Paris" in answered["choices"][0]["text"]
