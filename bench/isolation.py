@@ -47,14 +47,12 @@ from pegmask.bench.reporting import (
 )
 from pegmask.bench.serve_bench import (
     Sample,
-    free_port,
     milliseconds,
     quantile,
     request_body,
     run_phase,
-    start_server,
+    served,
     stream_once,
-    wait_ready,
 )
 
 TARGET = 1.5  # ratio to the alone phase, at most
@@ -225,11 +223,7 @@ async def run_phase_with(url: str, model: str, name: str, requests: int, max_tok
 
 def serve_and_run(extra: list[str], plan: list[tuple[str, int | None]], requests: int,
                   max_tokens: int) -> list[Phase]:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    process = start_server(None, port, extra)
-    try:
-        model = wait_ready(url, process, timeout=900)
+    with served(extra) as (url, model, _):
 
         async def phases() -> list[Phase]:
             await warm_up(url, model)
@@ -237,9 +231,6 @@ def serve_and_run(extra: list[str], plan: list[tuple[str, int | None]], requests
                     for name, objects in plan]
 
         return asyncio.run(phases())
-    finally:
-        process.terminate()
-        process.wait(timeout=60)
 
 
 # --------------------------------------------------------------------------- report

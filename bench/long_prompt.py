@@ -39,13 +39,11 @@ from pegmask.bench.reporting import (
 from pegmask.bench.serve_bench import (
     QUESTIONS,
     Sample,
-    free_port,
     milliseconds,
     quantile,
     request_body,
-    start_server,
+    served,
     stream_once,
-    wait_ready,
 )
 
 DEFAULT_CONFIGS = ["default=", "no-decode-first=--no-decode-first"]
@@ -143,7 +141,7 @@ async def drive(url: str, model: str, pid: int, clients: int, max_tokens: int,
         start = time.perf_counter()
         response = await http.post("/v1/chat/completions", json=body)
         end = time.perf_counter()
-    usage = response.json().get("usage") or {} if response.status_code == 200 else {}
+    usage = (response.json().get("usage") or {}) if response.status_code == 200 else {}
     await asyncio.sleep(lead_s)  # the clients' steps after it, for the outside window
     stop.set()
     await asyncio.gather(*tasks, watcher)
@@ -151,16 +149,9 @@ async def drive(url: str, model: str, pid: int, clients: int, max_tokens: int,
 
 
 def run_config(name: str, flags: list[str], args: argparse.Namespace) -> Run:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    process = start_server(None, port, flags)
-    try:
-        model = wait_ready(url, process, timeout=900)
+    with served(flags) as (url, model, process):
         outcome = asyncio.run(drive(url, model, process.pid, args.clients, args.max_tokens,
                                     args.prompt_tokens, args.lead))
-    finally:
-        process.terminate()
-        process.wait(timeout=60)
     return Run(name, flags, *outcome)
 
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime
 import json
 import os
@@ -43,7 +44,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -378,6 +379,21 @@ def wait_ready(url: str, process: subprocess.Popen[bytes] | None, timeout: float
         except (httpx.HTTPError, KeyError, ValueError):
             time.sleep(1)
     raise RuntimeError(f"no server answered at {url} within {timeout} s")
+
+
+@contextlib.contextmanager
+def served(extra: list[str], timeout: float = 900,
+           ) -> Iterator[tuple[str, str, subprocess.Popen[bytes]]]:
+    """`pegmask serve` (the embedded model, `extra` flags) in a subprocess on a free loopback
+    port: (its URL, its model's name, the process) once it answers; stopped on exit."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    process = start_server(None, port, extra)
+    try:
+        yield url, wait_ready(url, process, timeout), process
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
 
 
 # --------------------------------------------------------------------------- report
