@@ -54,6 +54,7 @@ class _Root:
     saved: Any
     length: int
     settled: bool = False
+    size: int = 0  # the tokens `saved` holds (its memory), `length` or more
 
 
 @dataclass
@@ -66,14 +67,18 @@ class _Entry:
 
 
 class PrefixCache:
-    """At most `capacity` prompt prefixes, least recently used evicted first."""
+    """At most `capacity` prompt prefixes holding at most `max_tokens` tokens of keys and values
+    together (None: no bound; a saved root counts until no entry shares it), least recently used
+    evicted first; a prefix longer than `max_tokens` is not kept."""
 
-    def __init__(self, runner: SequenceRunner, capacity: int, block: int = BLOCK):
+    def __init__(self, runner: SequenceRunner, capacity: int, block: int = BLOCK,
+                 max_tokens: int | None = None):
         if block < 1 or capacity < 0:
             raise ValueError("a prefix cache needs block >= 1 and capacity >= 0")
         self.runner = runner
         self.block = block
         self.capacity = capacity
+        self.max_tokens = max_tokens
         self._entries: list[_Entry] = []
         self._clock = 0
 
@@ -105,7 +110,7 @@ class PrefixCache:
         """`seq` holds `tokens` (a prompt or its beginning): save its whole blocks; or, with
         `final` (the logits after the last of them), the whole prompt."""
         length = len(tokens) if final is not None else len(tokens) // self.block * self.block
-        if length == 0 or self.capacity == 0:
+        if length == 0 or self.capacity == 0 or length > (self.max_tokens or length):
             return
         tokens = tuple(tokens[:length])
         self._clock += 1
@@ -125,7 +130,21 @@ class PrefixCache:
         while len(self._entries) >= self.capacity:
             self._entries.remove(min(self._entries, key=lambda e: e.used))
         self._entries.append(entry)
+        while self.max_tokens is not None and self.held_tokens() > self.max_tokens:
+            others = [e for e in self._entries if e is not entry]
+            if not others:  # its root's older cache alone is past the bound: not kept
+                self._entries.remove(entry)
+                return
+            self._entries.remove(min(others, key=lambda e: e.used))
         self._share(seq, entry.root, length)
+
+    def held_tokens(self) -> int:
+        """The tokens of keys and values the kept prefixes and their roots hold, each saved
+        cache once."""
+        sizes = {id(e.saved): len(e.tokens) for e in self._entries}
+        sizes.update({id(e.root.saved): e.root.size for e in self._entries
+                      if e.root is not None})
+        return sum(sizes.values())
 
     def _root_for(self, tokens: tuple[int, ...], saved: Any) -> _Root | None:
         """The root a new entry shares: that of the kept entry it agrees with longest, where it
@@ -139,12 +158,14 @@ class PrefixCache:
                 best, agree = entry, common
         if best is None or agree < SHARED_MIN or (
                 not best.root.settled and agree == len(best.tokens)):
-            return _Root(saved, len(tokens)) if len(tokens) >= SHARED_MIN else None
+            return (_Root(saved, len(tokens), size=len(tokens)) if len(tokens) >= SHARED_MIN
+                    else None)
         root = best.root
         if not root.settled:
             root.length, root.settled = min(root.length, agree), True
             return root
-        return root if agree >= root.length else _Root(root.saved, agree, settled=True)
+        return root if agree >= root.length else _Root(root.saved, agree, settled=True,
+                                                       size=root.size)
 
     def _share(self, seq: int, root: _Root | None, holds: int) -> None:
         """Tell the runner which root `seq` (holding `holds` tokens of it) begins with."""

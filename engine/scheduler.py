@@ -238,7 +238,9 @@ class Scheduler:
                  stats: DecodeStats, metrics: Metrics | None = None,
                  on_finish: Callable[[Submission], None] | None = None):
         self.runner = runner
-        self.prefixes = PrefixCache(runner, limits.prefix_cache)
+        # saved prefixes hold at most as many tokens as the running requests may
+        self.prefixes = PrefixCache(runner, limits.prefix_cache,
+                                    max_tokens=limits.kv_cache_tokens)
         self.on_finish = on_finish  # called in the loop for each request that ends well
         self.vocab = vocab
         self.limits = limits

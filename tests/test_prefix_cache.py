@@ -175,3 +175,30 @@ def test_the_engine_skips_a_kept_prefix_and_says_so_in_usage() -> None:
         plain_again = without.generate(MESSAGES, max_tokens=6, temperature=0)
         assert plain_again.usage["prompt_tokens_details"] == {"cached_tokens": 0}
         assert plain.token_ids == plain_again.token_ids == first.token_ids
+
+
+def test_kept_prefixes_stay_within_their_token_bound(runner, monkeypatch) -> None:
+    """With room for 100 tokens: two prompts' 48 kept tokens fit, a third evicts the least
+    recently used though the capacity allows four; of a longer prompt only the blocks that fit
+    are kept (its later, longer prefixes are not even saved)."""
+    cache = PrefixCache(runner, capacity=4, block=BLOCK, max_tokens=100)
+    first, second, third, longer = (prompt(seed, size) for seed, size in
+                                    ((1, 50), (2, 50), (3, 50), (4, 130)))
+    serve(cache, runner, first)
+    serve(cache, runner, second)
+    assert len(cache) == 2 and cache.held_tokens() == 96
+    serve(cache, runner, third)
+    assert len(cache) == 2 and cache.held_tokens() == 96
+    for tokens, kept in ((first, 0), (third, 48)):
+        seq, cached, _ = cache.start(tokens)
+        assert cached == kept
+        runner.remove(seq)
+    saved = []
+    save = runner.save
+    monkeypatch.setattr(runner, "save",
+                        lambda seq, length: (saved.append(length), save(seq, length))[1])
+    serve(cache, runner, longer)
+    assert max(saved) == 96 and cache.held_tokens() == 96 and len(cache) == 1
+    seq, cached, _ = cache.start(longer)
+    assert cached == 96
+    runner.remove(seq)
