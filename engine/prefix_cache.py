@@ -110,7 +110,8 @@ class PrefixCache:
         """`seq` holds `tokens` (a prompt or its beginning): save its whole blocks; or, with
         `final` (the logits after the last of them), the whole prompt."""
         length = len(tokens) if final is not None else len(tokens) // self.block * self.block
-        if length == 0 or self.capacity == 0 or length > (self.max_tokens or length):
+        too_long = self.max_tokens is not None and length > self.max_tokens
+        if length == 0 or self.capacity == 0 or too_long:
             return
         tokens = tuple(tokens[:length])
         self._clock += 1
