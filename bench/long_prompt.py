@@ -45,6 +45,7 @@ from pegmask.bench.serve_bench import (
     served,
     stream_once,
 )
+from pegmask.bench.serve_compare import process_tree
 
 DEFAULT_CONFIGS = ["default=", "no-decode-first=--no-decode-first"]
 
@@ -87,24 +88,15 @@ class Run:
 
 
 def tree_rss(root: int) -> int:
-    """Resident bytes of a process and its children (Linux /proc)."""
+    """Resident bytes of a process and its descendants (Linux /proc)."""
     total = 0
-    for pid in [root, *_children(root)]:
+    for pid in process_tree(root):
         try:
             with open(f"/proc/{pid}/statm") as statm:
                 total += int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
         except (OSError, ValueError):
             pass
     return total
-
-
-def _children(root: int) -> list[int]:
-    try:
-        with open(f"/proc/{root}/task/{root}/children") as children:
-            direct = [int(pid) for pid in children.read().split()]
-    except OSError:
-        return []
-    return direct + [pid for child in direct for pid in _children(child)]
 
 
 async def drive(url: str, model: str, pid: int, clients: int, max_tokens: int,

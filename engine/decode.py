@@ -180,6 +180,12 @@ class RowSpec:
     encode: Callable[[str], list[int]] | None = None  # text -> token ids, for jump-forward
     prompt_text: str | None = None  # a chat prompt the dialect rendered natively (for replay)
 
+    @property
+    def kv_tokens(self) -> int:
+        """What its choices can hold in the key/value cache: the prompt and the output budget,
+        each."""
+        return self.sampling.n * (len(self.prompt_ids) + self.max_new_tokens)
+
 
 @dataclass
 class DecodeStats:

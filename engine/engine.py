@@ -393,14 +393,13 @@ class Engine:
         """`spec`, if what its choices can hold fits in the key/value cache budget at all
         (else it would wait forever); checked when a request is queued, not in `prepare`,
         which `prewarm` calls with a prompt and budget it never decodes."""
-        budget, n = self.limits.kv_cache_tokens, spec.sampling.n
-        needed = n * (len(spec.prompt_ids) + spec.max_new_tokens)
-        if budget is not None and needed > budget:
+        budget = self.limits.kv_cache_tokens
+        if budget is not None and spec.kv_tokens > budget:
             raise InvalidRequestError(
-                f"max_tokens is too large: {spec.max_new_tokens}. {n} choice(s) of "
-                f"{len(spec.prompt_ids)} prompt and {spec.max_new_tokens} output tokens can "
-                f"hold {needed} tokens of key/value cache; this server holds at most {budget} "
-                "(kv_cache_bytes).", "max_tokens")
+                f"max_tokens is too large: {spec.max_new_tokens}. {spec.sampling.n} choice(s) "
+                f"of {len(spec.prompt_ids)} prompt and {spec.max_new_tokens} output tokens can "
+                f"hold {spec.kv_tokens} tokens of key/value cache; this server holds at most "
+                f"{budget} (kv_cache_bytes).", "max_tokens")
         return spec
 
     def wait(self, submission: Submission) -> GenerationResult:

@@ -358,10 +358,9 @@ class LlamaRunner:
 
     @torch.inference_mode()
     def fork(self, seq: int) -> int:
-        source = self._tier[seq]
-        length = source.lengths[source.slot[seq]]
+        length = self.length(seq)
         new, tier, slot = self._place(length)
-        tier.kv[:, :, slot, :, :length] = source.tokens(seq, length)
+        tier.kv[:, :, slot, :, :length] = self._tier[seq].tokens(seq, length)
         if seq in self._prefix:
             self._prefix[new] = self._prefix[seq]
         return new
@@ -372,9 +371,7 @@ class LlamaRunner:
         if tier is None:
             return
         self._prefix.pop(seq, None)
-        tier.remove(seq)
-        if not tier.seqs and tier is not self._tiers[0]:
-            tier.release()
+        self._leave(tier, seq)
 
     def length(self, seq: int) -> int:
         tier = self._tier[seq]
@@ -421,10 +418,15 @@ class LlamaRunner:
         slot = target.add(seq, kept)
         target.reserve(len(target.seqs), length)
         target.kv[:, :, slot, :, :kept] = tier.tokens(seq, kept)
+        self._leave(tier, seq)
+        self._tier[seq] = target
+
+    def _leave(self, tier: _SlotCache, seq: int) -> None:
+        """`seq` leaves `tier`, which gives its memory back if it was the last there (the
+        first tier keeps its room)."""
         tier.remove(seq)
         if not tier.seqs and tier is not self._tiers[0]:
             tier.release()
-        self._tier[seq] = target
 
     # ----------------------------------------------------------------- forward
     @torch.inference_mode()

@@ -72,7 +72,7 @@ class Limits:
     prefix_cache: int = 4  # prompt prefixes kept for reuse (engine/prefix_cache.py; 0: none)
     # drafts (engine/speculation.py) are added while a step holds fewer tokens (0: none)
     draft_budget: int = 48
-    # the key/value cache's tokens held for running requests (`Submission.kv_tokens`, each
+    # the key/value cache's tokens held for running requests (`RowSpec.kv_tokens`, each
     # request's whole prompt and output budget); a request waits while it does not fit (None:
     # no bound)
     kv_cache_tokens: int | None = None
@@ -125,8 +125,6 @@ class Submission:
         self.deadline = None if timeout_s is None else self.submitted_at + timeout_s
         self.first_token_at: float | None = None
         self.cached_tokens = 0  # prompt tokens that came from the prefix cache
-        # what its choices can hold in the key/value cache: the prompt and the output budget
-        self.kv_tokens = spec.sampling.n * (len(spec.prompt_ids) + spec.max_new_tokens)
         self.error: BaseException | None = None
         self.done = threading.Event()
         self.cancelled = False
@@ -252,7 +250,7 @@ class Scheduler:
         self._decoding: list[Row] = []
         self._active: list[Submission] = []  # admitted, not finished
         self._owner: dict[Row, Submission] = {}
-        self._kv_held = 0  # `kv_tokens` of the admitted requests
+        self._kv_held = 0  # `RowSpec.kv_tokens` of the admitted requests
         self._thread: threading.Thread | None = None
         self._closed = False
 
@@ -262,11 +260,11 @@ class Scheduler:
         if spec.sampling.n > self.limits.max_running:
             raise ValueError(f"n={spec.sampling.n} exceeds the engine's "
                              f"{self.limits.max_running} running sequences")
-        submission = Submission(spec, self.limits.request_timeout_s)
         budget = self.limits.kv_cache_tokens
-        if budget is not None and submission.kv_tokens > budget:
-            raise ValueError(f"the request can hold {submission.kv_tokens} tokens of key/value "
+        if budget is not None and spec.kv_tokens > budget:
+            raise ValueError(f"the request can hold {spec.kv_tokens} tokens of key/value "
                              f"cache, more than the engine's {budget}")
+        submission = Submission(spec, self.limits.request_timeout_s)
         with self._cond:
             if self._closed:
                 raise SchedulerClosedError("the engine is closed")
@@ -332,7 +330,7 @@ class Scheduler:
             if self.running + submission.spec.sampling.n > self.limits.max_running:
                 return
             budget = self.limits.kv_cache_tokens
-            if budget is not None and self._kv_held + submission.kv_tokens > budget:
+            if budget is not None and self._kv_held + submission.spec.kv_tokens > budget:
                 return
             self._waiting.popleft()
             if submission.cancelled:
@@ -346,7 +344,7 @@ class Scheduler:
                 submission._finish(exc)
                 continue
             self._active.append(submission)
-            self._kv_held += submission.kv_tokens
+            self._kv_held += submission.spec.kv_tokens
             self._owner.update(dict.fromkeys(submission.rows, submission))
             self._prefilling.append(_Prefill(submission))
 
@@ -377,7 +375,7 @@ class Scheduler:
                 self.runner.remove(row.seq)
         if submission in self._active:
             self._active.remove(submission)
-            self._kv_held -= submission.kv_tokens
+            self._kv_held -= submission.spec.kv_tokens
         if self.metrics is not None:
             self.metrics.request_ended(submission)
         if error is None and self.on_finish is not None and submission.rows:

@@ -225,8 +225,8 @@ def _engine(args: argparse.Namespace) -> Any:
     from pegmask.engine import Engine
 
     engine_options = {name: getattr(args, name) for name in
-                       ("compile_workers", "compile_timeout_s", "compile_memory_bytes")
-                       if hasattr(args, name)}
+                      ("compile_workers", "compile_timeout_s", "compile_memory_bytes")
+                      if hasattr(args, name)}
     if args.kv_cache_memory_bytes is not None:  # else the engine's default
         engine_options["kv_cache_bytes"] = args.kv_cache_memory_bytes or None
     weights = {"auto": {}, "bfloat16": {"bf16_weights": True},
