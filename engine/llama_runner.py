@@ -38,7 +38,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from pegmask.engine.runner import Chunk
+from pegmask.engine.runner import Chunk, attention_heads
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -181,9 +181,7 @@ class LlamaWeights:
         self.device: torch.device = model.device
         self.dtype: torch.dtype = model.dtype
         self.logits_width = int(model.get_output_embeddings().weight.shape[0])
-        self.heads = config.num_attention_heads
-        self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.heads, self.kv_heads, self.head_dim = attention_heads(config)
         self.eps = config.rms_norm_eps
         self.context = int(config.max_position_embeddings)
         on_cpu = self.device.type == "cpu" and self.dtype == torch.float32

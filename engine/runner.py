@@ -24,6 +24,16 @@ import torch
 Chunk = tuple[int, Sequence[int]]  # (sequence id, token ids to append)
 
 
+def attention_heads(config: Any) -> tuple[int, int, int]:
+    """(query heads, key/value heads, head dimension) of a transformers text config, with the
+    fallbacks of configs that leave the last two out (as many key/value heads as query heads;
+    the hidden size split among the heads)."""
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return heads, kv_heads, head_dim
+
+
 class SequenceRunner(Protocol):
     """What the scheduler needs from a model (see the module docstring)."""
 
@@ -88,9 +98,7 @@ class TransformersRunner:
         self.device = device
         self.logits_width = int(model.get_output_embeddings().weight.shape[0])
         config = model.config.get_text_config()
-        heads = config.num_attention_heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        _, kv_heads, head_dim = attention_heads(config)
         self.token_bytes = (config.num_hidden_layers * 2 * kv_heads * head_dim
                             * model.dtype.itemsize)
         self._caches: dict[int, Any] = {}

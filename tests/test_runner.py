@@ -4,6 +4,8 @@ being copied between steps or saved and restored, prompt chunks next to one-toke
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from transformers import (
@@ -27,7 +29,7 @@ from pegmask.engine.llama_runner import (
     tier_limits,
 )
 from pegmask.engine.model import load_backend
-from pegmask.engine.runner import TransformersRunner
+from pegmask.engine.runner import TransformersRunner, attention_heads
 
 _COMMON = {"vocab_size": 97, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
            "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128}
@@ -406,3 +408,24 @@ def test_scored_chunks_and_truncate_match_token_by_token(weight_format: str) -> 
     runner.forward([(seq, [1, 2])])
     with pytest.raises(ValueError, match="cannot truncate"):
         runner.truncate(seq, 3)
+
+
+
+def test_both_runners_count_a_tokens_keys_and_values_alike():
+    """The KV budget divides by `token_bytes`: both runners read the heads and head size alike,
+    an explicit head_dim (16, not hidden_size / heads = 8) included."""
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(Qwen3Config(**{**_COMMON, "head_dim": 16})).eval()
+    expected = 2 * 2 * 2 * 16 * 4  # layers, keys and values, kv heads, head_dim, float32
+    assert TransformersRunner(model, torch.device("cpu")).token_bytes == expected
+    assert LlamaRunner(weights_in(model, "float32")).token_bytes == expected
+
+
+def test_attention_heads_fall_back_as_transformers_does():
+    bare = SimpleNamespace(num_attention_heads=4, hidden_size=32)
+    assert attention_heads(bare) == (4, 4, 8)
+    unset = SimpleNamespace(num_attention_heads=4, hidden_size=32, num_key_value_heads=None,
+                            head_dim=None)
+    assert attention_heads(unset) == (4, 4, 8)
+    assert attention_heads(SimpleNamespace(num_attention_heads=4, hidden_size=32,
+                                           num_key_value_heads=2, head_dim=16)) == (4, 2, 16)
