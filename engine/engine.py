@@ -19,7 +19,7 @@ import logging
 import os
 import re
 import threading
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -38,6 +38,7 @@ from pegmask.dialects import (
 from pegmask.dialects.native import replay_text
 from pegmask.dialects.replay import ReplayMemory
 from pegmask.dialects.templating import render_chat_template
+from pegmask.engine.background import LARGE_REQUEST_CHARS, BackgroundLane, text_size
 from pegmask.engine.compile_service import (
     DEFAULT_COMPILE_MEMORY_BYTES,
     DEFAULT_COMPILE_TIMEOUT_S,
@@ -74,6 +75,15 @@ _PREWARM_TOOL = {"type": "function", "function": {
         "kind": {"type": "string", "enum": ["a", "b"]},
     }, "required": ["text"]},
 }}
+
+
+class _Prompt(NamedTuple):
+    """A request's prompt (`Engine._prompt`): its tokens and, for a chat, its text and whether
+    the dialect's native renderer wrote it."""
+
+    ids: list[int]
+    text: str | None
+    native: bool
 
 
 class _Staged(NamedTuple):
@@ -266,9 +276,13 @@ class Engine:
             if self.dialect.native_renderer and not renders_tools(self.chat_template):
                 self._native = get_dialect(name, **options)
         self.strict_tool_arguments = strict_tool_arguments
-        # Rendering, tokenizing and building a request's grammar touch the dialect's caches and
-        # the tokenizer: one request at a time (milliseconds). Compiling is not under it.
+        # Tokenizing and building a request's grammar touch the tokenizer and the dialect's
+        # caches: one request at a time (milliseconds; small requests render under it too).
+        # Compiling is not under it.
         self._prepare_lock = threading.Lock()
+        # A large request's prompt is made on the background lane, with a tokenizer of its own.
+        self.background = BackgroundLane()
+        self._background_encode: Callable[..., list[int]] | None = None
         self.runner = self.backend.runner(fp16_weights=fp16_weights, bf16_weights=bf16_weights)
         kv_cache_tokens = None
         if kv_cache_bytes is not None:
@@ -300,6 +314,7 @@ class Engine:
         error."""
         self.scheduler.close()
         self.compile_service.close()
+        self.background.close()
 
     def __enter__(self) -> Engine:
         return self
@@ -423,10 +438,12 @@ class Engine:
     # ----------------------------------------------------------------- preparation
     def prepare(self, request: GenerationRequest) -> RowSpec:
         """Render, tokenize and compile: everything before the first forward. Requests take
-        turns to render and tokenize; their grammars compile side by side (or wait for the
-        same grammar's compile under way), so a slow compile holds up only its own request."""
+        turns to render and tokenize (a large one does both on the background lane, beside
+        them); their grammars compile side by side (or wait for the same grammar's compile
+        under way), so a slow compile holds up only its own request."""
+        prompt = self._large_prompt(request)
         with self._prepare_lock:
-            staged = self._stage(request)
+            staged = self._stage(request, prompt or self._prompt(request, self.backend.encode))
         request, grammar = staged.request, staged.grammar
         compiled = self.compiled(grammar, staged.param) if grammar is not None else None
         dialect = self.dialect
@@ -451,20 +468,39 @@ class Engine:
                        compiled, stop_ids, frozenset(self.vocab.eos_ids), self.backend.encode,
                        staged.prompt_text)
 
-    def _stage(self, request: GenerationRequest) -> _Staged:
-        """Everything before the compile: the prompt's tokens, the request's checks, and the
-        grammar to compile with the request field its errors are about."""
-        prompt_text = None
+    def _prompt(self, request: GenerationRequest, encode: Callable[..., list[int]]) -> _Prompt:
+        """The request's prompt, rendered (a chat) and tokenized by `encode`."""
         if request.is_chat:
-            prompt_text, native = self._render(request)
-            prompt_ids = self.backend.encode(prompt_text)
+            text, native = self._render(request)
+            return _Prompt(encode(text), text, native)
+        return _Prompt(encode(request.prompt, add_special_tokens=True), None, False)
+
+    def _large_prompt(self, request: GenerationRequest) -> _Prompt | None:
+        """A large request's prompt, made on the background lane (engine/background.py) with its
+        own tokenizer, outside `_prepare_lock` (rendering needs no lock); None for the others,
+        whose prompts are made in turn under the lock."""
+        source = (request.messages, request.chat.tools) if request.is_chat else request.prompt
+        if text_size(source) <= LARGE_REQUEST_CHARS:
+            return None
+        return self.background.run(self._background_prompt, request)
+
+    def _background_prompt(self, request: GenerationRequest) -> _Prompt:
+        if self._background_encode is None:  # the lane's thread is its only user
+            with self._prepare_lock:  # copied while no other thread uses the tokenizer
+                self._background_encode = self.backend.encoder()
+        return self._prompt(request, self._background_encode)
+
+    def _stage(self, request: GenerationRequest, prompt: _Prompt) -> _Staged:
+        """Everything before the compile but the prompt: the request's checks, and the grammar
+        to compile with the request field its errors are about."""
+        prompt_ids, prompt_text = prompt.ids, None
+        if request.is_chat:
+            prompt_text = prompt.text
             # the prompt's tail says whether the output starts inside reasoning
             request = dataclasses.replace(request, chat=dataclasses.replace(
                 request.chat, generation_prompt=prompt_text))
-            if not native:
+            if not prompt.native:
                 prompt_text = None
-        else:
-            prompt_ids = self.backend.encode(request.prompt, add_special_tokens=True)
         sampling = request.sampling
         max_new = self._max_new(sampling.max_tokens, len(prompt_ids),
                                 "messages" if request.is_chat else "prompt")
@@ -547,10 +583,11 @@ class Engine:
 
     def prompt_tokens(self, request: GenerationRequest) -> int:
         """How many tokens the request's prompt takes (rendered as for decoding)."""
-        with self._prepare_lock:
-            if request.is_chat:
-                return len(self.backend.encode(self._render(request)[0]))
-            return len(self.backend.encode(request.prompt, add_special_tokens=True))
+        prompt = self._large_prompt(request)
+        if prompt is None:
+            with self._prepare_lock:
+                prompt = self._prompt(request, self.backend.encode)
+        return len(prompt.ids)
 
     def _check_token_ids(self, sampling: Any) -> None:
         width = self.backend.logits_width

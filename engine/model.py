@@ -16,6 +16,7 @@ wake at every op: measured on 2 cores, a step of 8 rows took 92 ms instead of 47
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import os
 import threading
@@ -134,6 +135,16 @@ class ModelBackend:
         """Token ids of `text`; special-token spellings become their ids. A rendered chat
         already holds its BOS, so none is added unless asked (completion prompts)."""
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    def encoder(self) -> Callable[..., list[int]]:
+        """`encode` over a copy of the tokenizer, for a thread of its own (a fast tokenizer is
+        not safe to share between threads: transformers resets its truncation on each call)."""
+        tokenizer = copy.deepcopy(self.tokenizer)
+
+        def encode(text: str, add_special_tokens: bool = False) -> list[int]:
+            return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+        return encode
 
     def runner(self, *, fp16_weights: bool | None = None,
                bf16_weights: bool | None = None) -> SequenceRunner:

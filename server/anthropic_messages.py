@@ -47,9 +47,9 @@ def register(app: FastAPI, context: ServerContext) -> None:
         context.check_model(body.get("model"))
         if body.get("max_tokens") is None:
             raise APIError(400, "max_tokens is required", "max_tokens")
-        messages, options = _request(body)
+        messages, options = await context.convert(request, _request, body)
         streamed = boolean(body, "stream")
-        stream = await context.start(messages, options, _RENAMED)
+        stream = await context.start(request, messages, options, _RENAMED)
         message_id = f"msg_{uuid.uuid4().hex}"
         if not streamed:
             result = await context.finish(request, stream)
@@ -63,8 +63,9 @@ def register(app: FastAPI, context: ServerContext) -> None:
     async def count_tokens(request: Request) -> Any:
         body = await context.body(request)
         context.check_model(body.get("model"))
-        messages, options = _request(body, counting=True)
-        return {"input_tokens": await context.prompt_tokens(messages, options, _RENAMED)}
+        messages, options = await context.convert(request, _request, body, counting=True)
+        return {"input_tokens": await context.prompt_tokens(request, messages, options,
+                                                            _RENAMED)}
 
 
 # --------------------------------------------------------------------------- the request

@@ -16,18 +16,20 @@ import logging
 import re
 from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
 from pegmask.dialects.history import History
+from pegmask.engine.background import LARGE_REQUEST_CHARS
 from pegmask.engine.engine import Engine, GenerationResult, GenerationStream
 from pegmask.engine.requests import InvalidRequestError
 from pegmask.server.errors import APIError, ApiStyle, as_api_error, error_body
 
 logger = logging.getLogger("pegmask.server")
+T = TypeVar("T")
 
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 # Arrays and objects nested deeper than this are refused before decoding: real requests nest
@@ -116,18 +118,36 @@ class ServerContext:
     async def body(self, request: Request) -> dict[str, Any]:
         """The JSON object of a request body (413 past the size limit, 400 if it nests too deep
         or is not an object), decoded in a worker thread: a large body never stalls the event
-        loop. `json.loads` keeps key order: a schema's properties are written in the order
-        sent."""
+        loop; one of more than `LARGE_REQUEST_CHARS` bytes is decoded, converted and validated
+        on the engine's background lane (`convert`, `start`; engine/background.py).
+        `json.loads` keeps key order: a schema's properties are written in the order sent."""
         raw = await request.body()
         if len(raw) > self.config.max_body_bytes:
             raise APIError(413, f"the request body has {len(raw)} bytes; the limit is "
                                 f"{self.config.max_body_bytes}")
-        body = await run_in_threadpool(decode_body, raw, self.config.max_body_depth)
+        request.state.large = len(raw) > LARGE_REQUEST_CHARS
+        body = await self._work(request, decode_body, raw, self.config.max_body_depth)
         if not isinstance(body, dict):
             raise APIError(400, "the request body must be a JSON object")
         return body
 
-    async def start(self, source: Any, options: Mapping[str, Any],
+    async def convert(self, http: Request, job: Callable[..., T], *args: Any,
+                      **kwargs: Any) -> T:
+        """An API's conversion of a request body `job(*args, **kwargs)`: on the event loop
+        (microseconds), on the background lane for a large body (seconds for 200,000
+        messages)."""
+        if http.state.large:
+            return await self.engine.background.arun(job, *args, **kwargs)
+        return job(*args, **kwargs)
+
+    async def _work(self, http: Request, job: Callable[..., T], *args: Any) -> T:
+        """`job(*args)` off the event loop: in a worker thread, or on the background lane for a
+        large body."""
+        if http.state.large:
+            return await self.engine.background.arun(job, *args)
+        return await run_in_threadpool(job, *args)
+
+    async def start(self, http: Request, source: Any, options: Mapping[str, Any],
                     fields: Mapping[str, str] | None = None) -> GenerationStream:
         """Validate `Engine.generate`'s arguments, then prepare and queue the request, in a
         worker thread (parsing a grammar, rendering, and waiting for a grammar's compile in
@@ -136,17 +156,17 @@ class ServerContext:
         an error names the field the client sent."""
         engine = self.engine
         with _api_fields(fields):
-            request = await run_in_threadpool(functools.partial(engine.request, source,
-                                                                **options))
+            request = await self._work(http, functools.partial(engine.request, source,
+                                                               **options))
             submission = await run_in_threadpool(engine.submit, request)
         return GenerationStream(engine, submission, request.is_chat)
 
-    async def prompt_tokens(self, source: Any, options: Mapping[str, Any],
+    async def prompt_tokens(self, http: Request, source: Any, options: Mapping[str, Any],
                             fields: Mapping[str, str] | None = None) -> int:
         """How many tokens the request's prompt takes (`start`'s validation, no decoding)."""
         with _api_fields(fields):
-            request = await run_in_threadpool(functools.partial(self.engine.request, source,
-                                                                **options))
+            request = await self._work(http, functools.partial(self.engine.request, source,
+                                                               **options))
             return await run_in_threadpool(self.engine.prompt_tokens, request)
 
     async def finish(self, http: Request, stream: GenerationStream) -> GenerationResult:

@@ -55,7 +55,7 @@ def register(app: FastAPI, context: ServerContext) -> None:
 async def _complete(context: ServerContext, http: Request, *, chat: bool) -> Any:
     body = await context.body(http)
     context.check_model(body.get("model"))
-    source, options = openai_request(body, chat=chat)
+    source, options = await context.convert(http, openai_request, body, chat=chat)
     streamed = boolean(body, "stream")
     stream_options = body.get("stream_options")
     if stream_options is None:
@@ -66,7 +66,7 @@ async def _complete(context: ServerContext, http: Request, *, chat: bool) -> Any
     # An error about the output budget names the field the client sent.
     fields = ({"max_tokens": "max_completion_tokens"}
               if body.get("max_completion_tokens") is not None else None)
-    stream = await context.start(source, options, fields)
+    stream = await context.start(http, source, options, fields)
     if not streamed:
         result = await context.finish(http, stream)
         return completion_response(result, context.model, chat=chat,

@@ -63,9 +63,9 @@ def register(app: FastAPI, context: ServerContext) -> None:
     async def create(request: Request) -> Any:
         body = await context.body(request)
         context.check_model(body.get("model"))
-        plan = _plan(body, store)
+        plan = await context.convert(request, _plan, body, store)
         streamed = boolean(body, "stream")
-        stream = await context.start(plan.messages, plan.options, _RENAMED)
+        stream = await context.start(request, plan.messages, plan.options, _RENAMED)
         vocab = context.engine.vocab
         if not streamed:
             result = await context.finish(request, stream)

@@ -275,6 +275,76 @@ def test_body_over_the_limit_is_413(guarded: Server) -> None:
     assert response.status_code == 413
 
 
+# --------------------------------------------------------------------------- large bodies
+def _lane_jobs(monkeypatch: pytest.MonkeyPatch, engine: Engine) -> list[str]:
+    """The names of the jobs the engine's background lane is given from now on."""
+    jobs: list[str] = []
+    lane = engine.background
+    run, arun = lane.run, lane.arun
+
+    def name(job: Any) -> str:
+        return getattr(job, "func", job).__name__  # a functools.partial's function
+
+    def run_spy(job: Any, *args: Any, **kwargs: Any) -> Any:
+        jobs.append(name(job))
+        return run(job, *args, **kwargs)
+
+    async def arun_spy(job: Any, *args: Any, **kwargs: Any) -> Any:
+        jobs.append(name(job))
+        return await arun(job, *args, **kwargs)
+
+    monkeypatch.setattr(lane, "run", run_spy)
+    monkeypatch.setattr(lane, "arun", arun_spy)
+    return jobs
+
+
+def test_a_large_body_is_worked_on_the_background_lane(server: Server,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A body past 64 KiB (a document of 70,000 spaces, 1,100 tokens) is decoded, converted,
+    validated, rendered and tokenized on the lane, and answered like any other; a small one
+    never touches the lane."""
+    jobs = _lane_jobs(monkeypatch, server.engine)
+    model = server.engine.model_name
+    server.openai().chat.completions.create(model=model, messages=USER, max_tokens=2)
+    assert jobs == []
+    document = [{"role": "user", "content": " " * 70_000 + "Say hi."}]
+    answer = server.openai().chat.completions.create(model=model, messages=document,
+                                                     max_tokens=3)
+    assert jobs == ["decode_body", "openai_request", "request", "_background_prompt"]
+    engine = server.engine
+    rendered = engine.render(engine.request(document))
+    assert answer.usage.prompt_tokens == len(engine.backend.encode(rendered)) > 1000
+    assert answer.usage.completion_tokens >= 1 and answer.choices[0].finish_reason
+    jobs.clear()
+    counted = server.anthropic().messages.count_tokens(model=model, messages=document)
+    assert counted.input_tokens > 1000
+    assert jobs == ["decode_body", "_request", "request", "_background_prompt"]
+    jobs.clear()
+    response = server.openai().responses.create(model=model, input=document,
+                                                max_output_tokens=3)
+    assert response.usage.input_tokens > 1000
+    assert jobs == ["decode_body", "_plan", "request", "_background_prompt"]
+
+
+def test_a_large_body_past_the_context_is_a_400_from_the_lane(
+        server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """40,000 short messages (1.6 MB, 450,000 tokens): the context-length 400 of each API,
+    after the lane's work."""
+    jobs = _lane_jobs(monkeypatch, server.engine)
+    many = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"m{i}"}
+            for i in range(40_000)] + USER
+    model = server.engine.model_name
+    with pytest.raises(openai.BadRequestError) as error:
+        server.openai().chat.completions.create(model=model, messages=many, max_tokens=2)
+    assert error.value.param == "messages"
+    assert "maximum context length is 8192 tokens" in error.value.message
+    assert "_background_prompt" in jobs
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        server.anthropic().messages.create(model=model, messages=many, max_tokens=2)
+    assert "maximum context length" in refused.value.body["error"]["message"]
+    assert jobs.count("_background_prompt") == 2
+
+
 # --------------------------------------------------------------------------- 429
 def test_full_queue_is_429() -> None:
     """One running sequence, one queued request: the others at the same moment are refused,
