@@ -443,7 +443,7 @@ class Engine:
         under way), so a slow compile holds up only its own request."""
         prompt = self._large_prompt(request)
         with self._prepare_lock:
-            staged = self._stage(request, prompt or self._prompt(request, self.backend.encode))
+            staged = self._stage(request, prompt)
         request, grammar = staged.request, staged.grammar
         compiled = self.compiled(grammar, staged.param) if grammar is not None else None
         dialect = self.dialect
@@ -490,9 +490,12 @@ class Engine:
                 self._background_encode = self.backend.encoder()
         return self._prompt(request, self._background_encode)
 
-    def _stage(self, request: GenerationRequest, prompt: _Prompt) -> _Staged:
-        """Everything before the compile but the prompt: the request's checks, and the grammar
-        to compile with the request field its errors are about."""
+    def _stage(self, request: GenerationRequest, prompt: _Prompt | None = None) -> _Staged:
+        """Everything before the compile: the prompt (None: made here, with the engine's
+        tokenizer), the request's checks, and the grammar to compile with the request field its
+        errors are about."""
+        if prompt is None:
+            prompt = self._prompt(request, self.backend.encode)
         prompt_ids, prompt_text = prompt.ids, None
         if request.is_chat:
             prompt_text = prompt.text
