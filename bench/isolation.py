@@ -1,15 +1,20 @@
-"""Whether a slow grammar compile stalls the other clients of a server.
+"""Whether a heavy request stalls the other clients of a server: a slow grammar compile, or a
+large body.
 
 Starts `pegmask serve` (the embedded model) in a subprocess, and measures ordinary streaming
 chat requests (one client with two small tools and `tool_choice="required"`, their grammar
-compiled at warm-up; one without tools) in three phases:
+compiled at warm-up; one without tools) in phases:
 
 * **alone**: nothing else runs;
 * **beside compiles**: while another client sends, back to back, requests that each compile a
   new grammar as slow as the default compile budget allows (a response format of distinct
   nested objects, sized here, before the server starts, to take about 80% of
   `--compile-timeout` in one worker, or as large as the compiler's instruction limit allows);
-* **in-process compiles** (baseline, `--no-baseline` skips it): the same on a server started
+* **beside large bodies**: while another client sends, back to back, bodies of
+  `--large-messages` short messages (40,000: 1.6 MB, far past the context: each ends in a 400
+  after the server decoded, converted, rendered and tokenized it on its background lane,
+  engine/background.py);
+* **in-process compiles** (baseline, `--no-baseline` skips it): the compiles on a server started
   with `--compile-workers 0`, which compiles in its own process as pegmask did before the
   compile workers (the issue: a 16-token request took 31.5 s instead of 0.4 s).
 
@@ -19,7 +24,7 @@ compile requests ask for one token without closing (`max_tokens=1`, `close_on_le
 what is measured is their compile, not their decoding.
 
     pegmask bench isolation [--quick] [--requests N] [--max-tokens 32] [--compile-timeout 10]
-        [--no-baseline] [--out bench/results/isolation.md]
+        [--large-messages 40000] [--no-baseline] [--out bench/results/isolation.md]
 """
 
 from __future__ import annotations
@@ -27,9 +32,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -135,13 +142,14 @@ def calibrate(budget_s: float, steps: int) -> tuple[int, float]:
 # --------------------------------------------------------------------------- phases
 @dataclass
 class Phase:
-    """The ordinary requests of one phase, and the compile requests beside them."""
+    """The ordinary requests of one phase, and the heavy requests beside them."""
 
     name: str
     samples: list[Sample]
     wall_s: float
-    compiles: list[tuple[float, int]] = field(default_factory=list)  # (seconds, HTTP status)
-    compile_errors: list[str] = field(default_factory=list)
+    beside: list[tuple[float, int]] = field(default_factory=list)  # (seconds, HTTP status)
+    unexpected: list[str] = field(default_factory=list)  # heavy requests answered otherwise
+    expected_status: int = 200
 
     def summary(self) -> dict[str, Any]:
         done = [s for s in self.samples if s.error is None]
@@ -152,14 +160,40 @@ class Phase:
             "errors": len(self.samples) - len(done), "wall_s": self.wall_s,
             "ttft_p50_s": quantile(ttft, 0.5), "ttft_p99_s": quantile(ttft, 0.99),
             "itl_p50_s": quantile(gaps, 0.5), "itl_p99_s": quantile(gaps, 0.99),
-            "compiles": len(self.compiles),
-            "compiles_ok": sum(1 for _, status in self.compiles if status == 200),
-            "compile_request_p50_s": quantile([s for s, _ in self.compiles], 0.5),
-            "compile_errors": sorted(set(self.compile_errors))[:3],
+            "beside": len(self.beside),
+            "beside_expected": sum(1 for _, status in self.beside
+                                   if status == self.expected_status),
+            "beside_p50_s": quantile([s for s, _ in self.beside], 0.5),
+            "unexpected": sorted(set(self.unexpected))[:3],
         }
 
     def gaps(self) -> list[float]:
         return [g for s in self.samples if s.error is None for g in s.gaps()]
+
+
+@dataclass
+class Heavy:
+    """What a phase's other client sends back to back: `body(number)`, answered with
+    `expected_status` (a heavy request that fails otherwise is reported)."""
+
+    body: Callable[[str, int], dict[str, Any]]  # (model, number) -> body
+    expected_status: int
+
+
+def compile_heavy(objects: int) -> Heavy:
+    """Requests that each compile a new `form_schema(objects)`."""
+    return Heavy(lambda model, number: {
+        "model": model, "messages": [{"role": "user", "content": QUESTION}],
+        "response_format": form_format(objects, request_tag(number)),
+        "max_tokens": 1, "close_on_length": False}, 200)
+
+
+def large_body_heavy(messages: int) -> Heavy:
+    """Bodies of `messages` short messages: a 400 (past the context) once rendered and
+    tokenized."""
+    turns = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"m{i}"}
+             for i in range(messages)] + [{"role": "user", "content": QUESTION}]
+    return Heavy(lambda model, _: {"model": model, "messages": turns, "max_tokens": 1}, 400)
 
 
 class _Quiet:
@@ -175,21 +209,19 @@ async def ordinary(url: str, model: str, requests: int, max_tokens: int) -> list
     return [sample for phase in phases for sample in phase.samples]
 
 
-async def compiles_beside(url: str, model: str, objects: int, stop: asyncio.Event,
-                          results: list[tuple[float, int]], errors: list[str]) -> None:
-    """Requests that each compile a new `form_schema(objects)`, back to back, until `stop`."""
+async def heavy_beside(url: str, model: str, heavy: Heavy, stop: asyncio.Event,
+                       results: list[tuple[float, int]], unexpected: list[str]) -> None:
+    """`heavy`'s requests, back to back, until `stop`."""
     async with httpx.AsyncClient(base_url=url, timeout=None) as client:
         number = 0
         while not stop.is_set():
-            body = {"model": model, "messages": [{"role": "user", "content": QUESTION}],
-                    "response_format": form_format(objects, request_tag(number)),
-                    "max_tokens": 1, "close_on_length": False}
+            body = heavy.body(model, number)
             number += 1
             started = time.perf_counter()
             response = await client.post("/v1/chat/completions", json=body)
             results.append((time.perf_counter() - started, response.status_code))
-            if response.status_code != 200:
-                errors.append(f"HTTP {response.status_code}: {response.text[:160]}")
+            if response.status_code != heavy.expected_status:
+                unexpected.append(f"HTTP {response.status_code}: {response.text[:160]}")
 
 
 async def warm_up(url: str, model: str) -> None:
@@ -201,16 +233,15 @@ async def warm_up(url: str, model: str) -> None:
 
 
 async def run_phase_with(url: str, model: str, name: str, requests: int, max_tokens: int,
-                         objects: int | None, lead_s: float) -> Phase:
-    """The ordinary load, alone (`objects` None) or beside compile requests, which start
-    `lead_s` earlier so that a compile is under way from the first ordinary request on."""
+                         heavy: Heavy | None, lead_s: float) -> Phase:
+    """The ordinary load, alone (`heavy` None) or beside heavy requests, which start `lead_s`
+    earlier so that one is under way from the first ordinary request on."""
     stop = asyncio.Event()
-    compiles: list[tuple[float, int]] = []
-    errors: list[str] = []
+    beside: list[tuple[float, int]] = []
+    unexpected: list[str] = []
     task = None
-    if objects is not None:
-        task = asyncio.ensure_future(compiles_beside(url, model, objects, stop, compiles,
-                                                     errors))
+    if heavy is not None:
+        task = asyncio.ensure_future(heavy_beside(url, model, heavy, stop, beside, unexpected))
         await asyncio.sleep(lead_s)
     started = time.perf_counter()
     samples = await ordinary(url, model, requests, max_tokens)
@@ -218,17 +249,18 @@ async def run_phase_with(url: str, model: str, name: str, requests: int, max_tok
     stop.set()
     if task is not None:
         await task
-    return Phase(name, samples, wall, compiles, errors)
+    return Phase(name, samples, wall, beside, unexpected,
+                 heavy.expected_status if heavy is not None else 200)
 
 
-def serve_and_run(extra: list[str], plan: list[tuple[str, int | None]], requests: int,
+def serve_and_run(extra: list[str], plan: list[tuple[str, Heavy | None]], requests: int,
                   max_tokens: int) -> list[Phase]:
     with served(extra) as (url, model, _):
 
         async def phases() -> list[Phase]:
             await warm_up(url, model)
-            return [await run_phase_with(url, model, name, requests, max_tokens, objects, 1.0)
-                    for name, objects in plan]
+            return [await run_phase_with(url, model, name, requests, max_tokens, heavy, 1.0)
+                    for name, heavy in plan]
 
         return asyncio.run(phases())
 
@@ -238,7 +270,7 @@ def report(phases: list[Phase], meta: dict[str, Any]) -> str:
     rows = [p.summary() for p in phases]
     alone = rows[0]
     lines = [
-        "# Serving beside slow grammar compiles", "",
+        "# Serving beside heavy requests", "",
         machine_info(()), f"- load average (1 min) at the start: {meta['load_start']:.1f}",
         f"- command: `{meta['command']}`", "",
         f"Ordinary requests: 2 streaming chat clients (two small tools with tool_choice "
@@ -246,32 +278,40 @@ def report(phases: list[Phase], meta: dict[str, Any]) -> str:
         f"{meta['max_tokens']}. Beside them, back to back: requests that each compile a new "
         f"grammar of {meta['objects']} nested objects ({meta['compile_s']:.2f} s in one "
         f"worker, measured before the server started; compile budget "
-        f"{meta['compile_timeout_s']:g} s).", "",
-        "| phase | requests | errors | compiles beside (ok) | compile request p50 | TTFT p50 | "
-        "TTFT p99 | ITL p50 | ITL p99 | TTFT p99 / alone | ITL p99 / alone |",
+        f"{meta['compile_timeout_s']:g} s), or bodies of {meta['large_messages']} short "
+        f"messages ({meta['large_body_bytes'] / 1e6:.2f} MB, past the context: a 400 once "
+        "rendered and tokenized).", "",
+        "| phase | requests | errors | heavy beside (as expected) | heavy request p50 | "
+        "TTFT p50 | TTFT p99 | ITL p50 | ITL p99 | TTFT p99 / alone | ITL p99 / alone |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['phase']} | {r['requests']} | {r['errors']} | "
-            f"{r['compiles']} ({r['compiles_ok']}) | "
-            f"{milliseconds(r['compile_request_p50_s'])} | {milliseconds(r['ttft_p50_s'])} | "
+            f"{r['beside']} ({r['beside_expected']}) | "
+            f"{milliseconds(r['beside_p50_s'])} | {milliseconds(r['ttft_p50_s'])} | "
             f"{milliseconds(r['ttft_p99_s'])} | {milliseconds(r['itl_p50_s'])} | "
             f"{milliseconds(r['itl_p99_s'])} | {_ratio(r['ttft_p99_s'], alone['ttft_p99_s'])} | "
             f"{_ratio(r['itl_p99_s'], alone['itl_p99_s'])} |")
-    errors = [f"{r['phase']}: {e}" for r in rows for e in r["compile_errors"]]
-    if errors:
-        lines += ["", "Compile requests that failed: " + "; ".join(errors)]
-    isolated = rows[1] if len(rows) > 1 else None
-    if isolated is not None:
-        worst = max(_value(isolated[k], alone[k]) for k in
+    unexpected = [f"{r['phase']}: {e}" for r in rows for e in r["unexpected"]]
+    if unexpected:
+        lines += ["", "Heavy requests answered otherwise: " + "; ".join(unexpected)]
+    for r in rows[1:]:
+        if r["phase"] not in ISOLATED:
+            continue
+        worst = max(_value(r[k], alone[k]) for k in
                     ("ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s"))
         verdict = "within" if worst <= TARGET else "NOT within"
-        lines += ["", f"Beside compiles in workers, the worst of the four figures is "
-                      f"{worst:.2f}x the alone phase's: {verdict} the {TARGET}x target. "
-                      "The compile requests pay for it: their workers yield the cores to "
-                      "decoding (compile request p50)."]
+        lines += ["", f"{ISOLATED[r['phase']]}, the worst of the four figures is "
+                      f"{worst:.2f}x the alone phase's: {verdict} the {TARGET}x target."]
+    lines += ["", "The heavy requests pay for it: compile workers and the background lane "
+                  "yield the cores to decoding (heavy request p50)."]
     return "\n".join(lines) + "\n"
+
+
+# the phases whose heavy requests are isolated, and how the verdict names them
+ISOLATED = {"beside compiles": "Beside compiles in workers",
+            "beside large bodies": "Beside large bodies on the background lane"}
 
 
 def _value(value: float | None, base: float | None) -> float:
@@ -293,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the server's compile budget, seconds (default: the default, 10)")
     parser.add_argument("--objects", type=int, help="the slow grammar's size (default: sized "
                                                     "to the budget)")
+    parser.add_argument("--large-messages", type=int, default=40_000,
+                        help="messages in each large body (default 40000)")
     parser.add_argument("--no-baseline", action="store_true",
                         help="skip the in-process compiles phase")
     parser.add_argument("--quick", action="store_true",
@@ -309,15 +351,20 @@ def main(argv: list[str] | None = None) -> int:
     if not objects:
         parser.error("no grammar compiles within the budget here")
     budget = ["--compile-timeout", f"{args.compile_timeout:g}"]
-    phases = serve_and_run(budget, [("alone", None), ("beside compiles", objects)],
+    large = large_body_heavy(args.large_messages)
+    phases = serve_and_run(budget, [("alone", None),
+                                    ("beside compiles", compile_heavy(objects)),
+                                    ("beside large bodies", large)],
                            args.requests, args.max_tokens)
     if not args.no_baseline:
         phases += serve_and_run(["--compile-workers", "0"],
-                                [("in-process compiles", objects)], args.requests,
-                                args.max_tokens)
+                                [("in-process compiles", compile_heavy(objects))],
+                                args.requests, args.max_tokens)
     meta = {"command": command_line("isolation", argv if argv is not None else sys.argv[1:]),
             "requests": args.requests, "max_tokens": args.max_tokens, "objects": objects,
             "compile_s": seconds, "compile_timeout_s": args.compile_timeout,
+            "large_messages": args.large_messages,
+            "large_body_bytes": len(json.dumps(large.body("", 0))),
             "load_start": load_start}
     publish(report(phases, meta), args.out)
     write_json({"meta": meta, "machine": machine(()),
