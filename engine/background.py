@@ -15,8 +15,10 @@ holding the interpreter's lock, whichever thread it runs in (the same probe's lo
 941 ms with it, 280 ms without); refcounting still frees what the job drops, and a job is
 bounded by the body's size limit.
 
-Small requests never use the lane (`LARGE_REQUEST_CHARS`): their few milliseconds of work
-cost the others nothing, and under load the lane may keep them waiting for seconds.
+Requests of ordinary size never use the lane (`LARGE_REQUEST_SIZE`): under load it keeps them
+waiting. A document of 100 KB (1,600 tokens) beside 8 streaming clients was answered in 2.8 s
+(median of 5) on the lane, 0.35 s off it; so the lane takes what no real request reaches: a
+megabyte of text, or some 20,000 JSON items (messages, keys, list elements).
 """
 
 from __future__ import annotations
@@ -32,30 +34,39 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-# A request whose text (messages, tools, prompt: `text_size`) is longer goes to the lane: about
-# 16,000 tokens, tens of milliseconds to render and tokenize. A server's JSON body of more
-# bytes is decoded there too.
-LARGE_REQUEST_CHARS = 64 * 1024
+# What makes a request large (`text_size`, `body_size`): its characters, and `ITEM_CHARS` for
+# each item of its JSON. Converting and rendering 200,000 messages took 3.5 s of Python, about
+# 6 us an item, holding the interpreter's lock in bursts; tokenizing takes about 1 us a
+# character on one core, the lock released. Past 1 MiB: a megabyte of text (1 s of
+# tokenizing), or 20,000 items (0.1-0.3 s of Python).
+ITEM_CHARS = 50
+LARGE_REQUEST_SIZE = 1024 * 1024
 LANE_NICENESS = 19
 
 
-def text_size(value: Any, limit: int = LARGE_REQUEST_CHARS) -> int:
-    """The characters of the strings in a JSON-like value, and 8 for each item of its lists and
-    objects, counted until past `limit` (so the count costs at most about `limit` / 8 items,
-    whatever the value's size)."""
+def text_size(value: Any, limit: int = LARGE_REQUEST_SIZE) -> int:
+    """The characters of the strings in a JSON-like value, and `ITEM_CHARS` for each item of its
+    lists and objects, counted until past `limit` (so the count costs at most about
+    `limit` / `ITEM_CHARS` items, whatever the value's size)."""
     size, pending = 0, [value]
     while pending and size <= limit:
         item = pending.pop()
         if isinstance(item, str):
             size += len(item)
         elif isinstance(item, Mapping):
-            size += 8 * len(item)
+            size += ITEM_CHARS * len(item)
             pending.extend(item.keys())
             pending.extend(item.values())
         elif isinstance(item, (list, tuple)):
-            size += 8 * len(item)
+            size += ITEM_CHARS * len(item)
             pending.extend(item)
     return size
+
+
+def body_size(raw: bytes) -> int:
+    """`text_size` of a JSON body, estimated from its bytes without decoding it: each object,
+    list and key (`{`, `[`, `:`, inside strings too) counts as an item."""
+    return len(raw) + ITEM_CHARS * (raw.count(b"{") + raw.count(b"[") + raw.count(b":"))
 
 
 def _lower_priority() -> None:

@@ -38,7 +38,7 @@ from pegmask.dialects import (
 from pegmask.dialects.native import replay_text
 from pegmask.dialects.replay import ReplayMemory
 from pegmask.dialects.templating import render_chat_template
-from pegmask.engine.background import LARGE_REQUEST_CHARS, BackgroundLane, text_size
+from pegmask.engine.background import LARGE_REQUEST_SIZE, BackgroundLane, text_size
 from pegmask.engine.compile_service import (
     DEFAULT_COMPILE_MEMORY_BYTES,
     DEFAULT_COMPILE_TIMEOUT_S,
@@ -480,7 +480,7 @@ class Engine:
         own tokenizer, outside `_prepare_lock` (rendering needs no lock); None for the others,
         whose prompts are made in turn under the lock."""
         source = (request.messages, request.chat.tools) if request.is_chat else request.prompt
-        if text_size(source) <= LARGE_REQUEST_CHARS:
+        if text_size(source) <= LARGE_REQUEST_SIZE:
             return None
         return self.background.run(self._background_prompt, request)
 

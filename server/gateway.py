@@ -23,7 +23,7 @@ from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
 from pegmask.dialects.history import History
-from pegmask.engine.background import LARGE_REQUEST_CHARS
+from pegmask.engine.background import LARGE_REQUEST_SIZE, body_size
 from pegmask.engine.engine import Engine, GenerationResult, GenerationStream
 from pegmask.engine.requests import InvalidRequestError
 from pegmask.server.errors import APIError, ApiStyle, as_api_error, error_body
@@ -118,14 +118,14 @@ class ServerContext:
     async def body(self, request: Request) -> dict[str, Any]:
         """The JSON object of a request body (413 past the size limit, 400 if it nests too deep
         or is not an object), decoded in a worker thread: a large body never stalls the event
-        loop; one of more than `LARGE_REQUEST_CHARS` bytes is decoded, converted and validated
-        on the engine's background lane (`convert`, `start`; engine/background.py).
+        loop; a large one (`body_size` past `LARGE_REQUEST_SIZE`) is decoded, converted and
+        validated on the engine's background lane (`convert`, `start`; engine/background.py).
         `json.loads` keeps key order: a schema's properties are written in the order sent."""
         raw = await request.body()
         if len(raw) > self.config.max_body_bytes:
             raise APIError(413, f"the request body has {len(raw)} bytes; the limit is "
                                 f"{self.config.max_body_bytes}")
-        request.state.large = len(raw) > LARGE_REQUEST_CHARS
+        request.state.large = body_size(raw) > LARGE_REQUEST_SIZE
         body = await self._work(request, decode_body, raw, self.config.max_body_depth)
         if not isinstance(body, dict):
             raise APIError(400, "the request body must be a JSON object")

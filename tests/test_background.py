@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import os
 import sys
 import threading
@@ -13,26 +14,43 @@ import threading
 import pytest
 
 from pegmask.engine.background import (
+    ITEM_CHARS,
     LANE_NICENESS,
-    LARGE_REQUEST_CHARS,
+    LARGE_REQUEST_SIZE,
     BackgroundLane,
+    body_size,
     text_size,
 )
 
 
 def test_text_size_counts_strings_and_items():
     assert text_size("abc") == 3
-    assert text_size([{"role": "user", "content": "hi"}]) == 8 + 16 + 4 + 4 + 7 + 2
-    assert text_size(("a", 5, None)) == 24 + 1
+    assert text_size([{"role": "user", "content": "hi"}]) == 3 * ITEM_CHARS + 4 + 4 + 7 + 2
+    assert text_size(("a", 5, None)) == 3 * ITEM_CHARS + 1
 
 
 def test_text_size_stops_past_the_limit():
     """200,000 messages: the count stops just past the limit instead of walking them all."""
     messages = [{"role": "user", "content": f"m{i}"} for i in range(200_000)]
     size = text_size(messages)
-    assert LARGE_REQUEST_CHARS < size < 200_000 * 8 + LARGE_REQUEST_CHARS  # the list's items
-    assert text_size(messages, limit=10) == 200_000 * 8  # the list itself, nothing inside
-    assert text_size(["x" * 100] * 3, limit=150) == 24 + 200  # two strings: past 150, stop
+    assert LARGE_REQUEST_SIZE < size < 200_000 * ITEM_CHARS + LARGE_REQUEST_SIZE
+    assert text_size(messages, limit=10) == 200_000 * ITEM_CHARS  # the list, nothing inside
+    assert text_size(["x" * 100] * 3, limit=150) == 3 * ITEM_CHARS + 100  # one string: past
+
+
+def test_what_is_large():
+    """A megabyte of text, or some 20,000 items; not a 100 KB document or a long chat."""
+    def body(messages):
+        return json.dumps({"model": "m", "messages": messages}).encode()
+
+    document = [{"role": "user", "content": " " * 100_000}]
+    chat = [{"role": "user", "content": "x" * 200} for _ in range(1000)]
+    many = [{"role": "user", "content": "m"} for _ in range(10_000)]
+    book = [{"role": "user", "content": "x" * 1_100_000}]
+    for messages, large in ((document, False), (chat, False), (many, True), (book, True)):
+        assert (text_size(messages) > LARGE_REQUEST_SIZE) is large
+        assert (body_size(body(messages)) > LARGE_REQUEST_SIZE) is large
+    assert body_size(b'{"a": [1, 2]}') == 13 + 3 * ITEM_CHARS
 
 
 def test_jobs_run_in_turn_on_one_low_priority_thread_with_the_collector_paused():
