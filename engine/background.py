@@ -79,12 +79,12 @@ def _lower_priority() -> None:
 def _without_collections(job: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """`job(*args, **kwargs)` with the cyclic garbage collector paused (see the module
     docstring); only the lane's one thread pauses and resumes it."""
-    paused = gc.isenabled()
+    enabled = gc.isenabled()
     gc.disable()
     try:
         return job(*args, **kwargs)
     finally:
-        if paused:
+        if enabled:
             gc.enable()
 
 
