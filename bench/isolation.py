@@ -173,8 +173,9 @@ class Phase:
 
 @dataclass
 class Heavy:
-    """What a phase's other client sends back to back: `body(number)`, answered with
-    `expected_status` (a heavy request that fails otherwise is reported)."""
+    """What a phase's other client sends back to back: `body(model, number)` for its
+    `number`-th request, answered with `expected_status` (a heavy request answered otherwise
+    is reported)."""
 
     body: Callable[[str, int], dict[str, Any]]  # (model, number) -> body
     expected_status: int
