@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from pegmask.bench.grammar_bench import load_cases, tool_call_case
+from pegmask.bench.reporting import RESULTS_DIR, load_average, publish
 from pegmask.engine.model import default_model_path
 from pegmask.grammars import Grammar
 from pegmask.grammars.compiler import GrammarCompiler
@@ -68,7 +69,7 @@ def measure(compiler: GrammarCompiler, name: str, schema: object, text: str) -> 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--schemas", type=int, default=12)
-    parser.add_argument("--out", type=Path, default=Path("bench/results/completion_cost.md"))
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "completion_cost.md")
     args = parser.parse_args()
     compiler = GrammarCompiler(Vocabulary.from_gguf(default_model_path()))
     cases = [tool_call_case(0), *load_cases(args.schemas)]
@@ -90,12 +91,11 @@ def main() -> None:
             f"| {row['configurations']} | {row['distance']} "
             f"| {row['cold_us']:.0f} | {row['cold_max_ms']:.1f} | {row['warm_us']:.1f} "
             f"| {row['closing_ms']:.2f} | {row['closing_vs_mask']:.2f}x |")
-    load = (f"Load average at the end of the run: {os.getloadavg()[0]:.1f} on "
+    load = (f"Load average at the end of the run: {load_average():.1f} on "
             f"{os.cpu_count()} CPUs (figures in ms scale with it; the ratios less so).")
     text = "\n".join(["# Shortest-completion cost (SmolLM2 vocabulary)", "",
                       __doc__.split("\n\n")[1].replace("\n", " "), "", load, "", *lines, ""])
-    args.out.write_text(text)
-    print(text)
+    publish(text, args.out)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 import torch
 
 from pegmask.bench.data import JSONSCHEMA_DIR
@@ -38,6 +37,7 @@ from pegmask.bench.reporting import (
     publish,
     write_json,
 )
+from pegmask.bench.vllm_check import valid as valid_json
 from pegmask.engine import Engine
 from pegmask.engine.decode import DecodeStats
 
@@ -94,14 +94,6 @@ def _prompts(engine: Engine, count: int) -> list[tuple[str, dict[str, Any]]]:
     return prompts
 
 
-def _valid(text: str, schema: dict[str, Any]) -> bool:
-    try:
-        jsonschema.validate(json.loads(text), schema)
-    except (ValueError, jsonschema.ValidationError):
-        return False
-    return True
-
-
 # The engine's own decode statistics (pegmask.engine.decode.DecodeStats, kept in
 # `engine.stats`): the one internal this bench reads, here and in `Run`.
 def _stats_snapshot(engine: Engine) -> DecodeStats:
@@ -125,7 +117,7 @@ def _measure(engine: Engine, requests: list[dict[str, Any]], schemas: list[dict[
         for request in map(dict, requests):
             results.append(engine.generate(request.pop("prompt"), **request))
             progress.update()
-    valid = sum(_valid(r.text, s) for r, s in zip(results, schemas, strict=True))
+    valid = sum(valid_json(r.text, s) for r, s in zip(results, schemas, strict=True))
     return Run(_stats_since(engine, before), valid, len(results))
 
 

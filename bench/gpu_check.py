@@ -24,7 +24,9 @@ of forced tokens), not the cost of a step.
 `install` needs nothing but the standard library: it unzips the carried wheels into a folder
 for PYTHONPATH (the ones pegmask pins always, the others only when missing or too old on the
 machine) and lays `pegmask` out there as symlinks following pyproject.toml's package-dir, so
-the checkout's current code runs, whatever it holds when the check starts.
+the checkout's current code runs, whatever it holds when the check starts. So this file imports
+no pegmask module up front: the measurements (bench/gpu_measure.py) and the tables
+(bench/gpu_report.py) are imported when their subcommand runs.
 
 On CUDA every forward is followed by `torch.cuda.synchronize()` in the decode check, so the
 engine's own step accounting (forward / masks / sampling) charges the GPU's work to the
@@ -34,16 +36,16 @@ forward instead of to whichever later op waits for it.
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import importlib
 import json
 import os
 import platform
 import shutil
-import signal
 import subprocess
 import sys
 import time
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -67,13 +69,6 @@ MINIMUM = {"typing_extensions": "4.16.0", "anyio": "4.1.0", "click": "7.0", "h11
 # Imported after `install` to prove the set is whole (the server's and the grammars' needs).
 IMPORTS = ["pydantic", "pydantic_core", "fastapi", "starlette", "uvicorn", "anyio",
            "h11", "click", "tqdm", "httpx", "prometheus_client", "jinja2", "tokenizers"]
-
-CITY_SCHEMA = {"type": "object", "properties": {
-    "name": {"type": "string"},
-    "population_millions": {"type": "number"},
-    "landmarks": {"type": "array", "items": {"type": "string"}, "maxItems": 3},
-}, "required": ["name", "population_millions", "landmarks"], "additionalProperties": False}
-MODES = ("unconstrained", "tool_required", "json_schema")
 
 
 def log(message: str) -> None:
@@ -99,14 +94,15 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def _budget(seconds: float) -> float:
+def step_budget(seconds: float) -> float:
     """`seconds`, cut to what the calling step's time limit leaves (GPU_CHECK_STEP_LIMIT, set
     by scripts/device_check.sh) less 15 s to write the results."""
     limit = os.environ.get("GPU_CHECK_STEP_LIMIT")
     return min(seconds, float(limit) - 15) if limit else seconds
 
 
-def _error(exc: BaseException) -> str:
+def error_text(exc: BaseException) -> str:
+    """An exception as a result file records it (its type and message, 1000 characters)."""
     return f"{type(exc).__name__}: {exc}"[:1000]
 
 
@@ -312,7 +308,7 @@ def triton_probe(device: str) -> dict[str, Any]:
         found["ok"] = bool(blocked[32:].all()) and not bool(blocked[:32].any())
     except Exception as exc:  # noqa: BLE001 - recorded; the engine then gets the torch path
         found["ok"] = False
-        found["error"] = _error(exc)
+        found["error"] = error_text(exc)
     return found
 
 
@@ -359,7 +355,7 @@ def cmd_env(args: argparse.Namespace) -> int:
                              timeout=20)
         facts["nvidia_smi"] = smi.stdout.strip() or smi.stderr.strip()
     except (OSError, subprocess.TimeoutExpired) as exc:
-        facts["nvidia_smi"] = _error(exc)
+        facts["nvidia_smi"] = error_text(exc)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     facts["triton_probe"] = triton_probe(device)
     log(json.dumps(facts, indent=1))
@@ -410,628 +406,16 @@ def cmd_make_model(args: argparse.Namespace) -> int:
     return 0
 
 
-# --------------------------------------------------------------------------- kernels
-def _bench_ms(fn: Any, cuda: bool, repeats: int) -> float:
-    """Median ms of one call: triton's do_bench (CUDA events, cache flushed) on CUDA, a
-    perf_counter loop elsewhere."""
-    if cuda:
-        from triton.testing import do_bench
+# --------------------------------------------------------------------------- main
+def _later(module: str, name: str) -> Callable[[argparse.Namespace], int]:
+    """Subcommand `name` of `pegmask.bench.<module>`, imported when it runs (this file needs
+    only the standard library: `install` runs before pegmask is importable)."""
+    def run(args: argparse.Namespace) -> int:
+        return getattr(importlib.import_module(f"pegmask.bench.{module}"), name)(args)
 
-        return float(do_bench(fn, warmup=10, rep=40, return_mode="median"))
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    times.sort()
-    return 1000 * times[len(times) // 2]
-
-
-def _host_us(fn: Any, cuda: bool, calls: int) -> float:
-    """Wall µs per call of back-to-back calls (launch and Python overhead included)."""
-    import torch
-
-    fn()
-    if cuda:
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    if cuda:
-        torch.cuda.synchronize()
-    return 1e6 * (time.perf_counter() - start) / calls
-
-
-def cmd_kernels(args: argparse.Namespace) -> int:
-    import torch
-    import triton
-
-    from pegmask import kernels
-
-    cuda = torch.cuda.is_available() and not args.cpu
-    device = "cuda" if cuda else "cpu"
-    if not cuda and os.environ.get("TRITON_INTERPRET") != "1":
-        log("no CUDA: set TRITON_INTERPRET=1 to run the triton kernel in its interpreter")
-    batches = [int(b) for b in args.batches.split(",")]
-    vocabs = [int(v) for v in args.vocabs.split(",")]
-    dtypes = [getattr(torch, d) for d in args.dtypes.split(",")]
-    generator = torch.Generator().manual_seed(0)
-    cases, failures = [], 0
-    deadline = time.monotonic() + _budget(args.budget)
-    for dtype in dtypes:
-        for vocab in vocabs:
-            for batch in batches:
-                case: dict[str, Any] = {"dtype": str(dtype).replace("torch.", ""),
-                                        "vocab": vocab, "batch": batch}
-                if time.monotonic() > deadline:
-                    cases.append({**case, "skipped": "time budget"})
-                    continue
-                try:
-                    case.update(_kernel_case(kernels, batch, vocab, dtype, device, cuda,
-                                             generator, args))
-                except Exception as exc:  # noqa: BLE001 - recorded, the next case runs
-                    case["error"] = _error(exc)
-                failures += not case.get("equal", False)
-                cases.append(case)
-                log(json.dumps(case))
-    sampling = _sampling_timings(kernels, vocabs, device, cuda, args)
-    result = {"device": torch.cuda.get_device_name(0) if cuda else "cpu (TRITON_INTERPRET="
-              f"{os.environ.get('TRITON_INTERPRET', '0')})", "torch": torch.__version__,
-              "triton": triton.__version__, "cases": cases, "sampling": sampling,
-              "all_equal": failures == 0,
-              "timing": "triton.testing.do_bench median (CUDA events, L2 flushed) per call; "
-                        "host_us: wall time per call of 200 back-to-back calls of the public "
-                        "apply_token_bitmask_inplace (argument checks and launch included)"
-              if cuda else "perf_counter medians (CPU, interpreter: not meaningful)"}
-    write_json(result, Path(args.out))
-    return 0 if failures == 0 else 1
-
-
-def _kernel_case(kernels: Any, batch: int, vocab: int, dtype: Any, device: str, cuda: bool,
-                 generator: Any, args: argparse.Namespace) -> dict[str, Any]:
-    import torch
-
-    from pegmask.kernels.bitmask import apply_token_bitmask_torch as torch_path
-    from pegmask.kernels.triton_apply import apply_token_bitmask_triton as triton_apply
-
-    words = kernels.bitmask_words(vocab)
-    logits_cpu = torch.randn(batch, vocab, generator=generator).to(dtype)
-    # Random words (about half the tokens allowed), one row all allowed, one all blocked, one
-    # sparse (a few tokens allowed: a typical grammar position).
-    bits = torch.randint(-2**31, 2**31 - 1, (batch, words), generator=generator,
-                         dtype=torch.int64).to(torch.int32)
-    if batch > 1:
-        bits[1] = -1
-    if batch > 2:
-        bits[2] = 0
-    if batch > 3:
-        bits[3] = 0
-        bits[3, :: max(1, words // 8)] = 1
-    reference = logits_cpu.clone()
-    kernels.apply_token_bitmask_inplace(reference, bits)  # the CPU (numpy) path
-    logits = logits_cpu.to(device)
-    bitmask = bits.to(device)
-    found: dict[str, Any] = {}
-
-    # The public entry (triton on CUDA tensors), the kernel called directly, the torch path.
-    checks = {}
-    if cuda:
-        out = logits.clone()
-        kernels.apply_token_bitmask_inplace(out, bitmask)
-        checks["public"] = torch.equal(out.cpu(), reference)
-    out = logits.clone()
-    triton_apply(out, bitmask, vocab, None)
-    checks["triton"] = torch.equal(out.cpu(), reference)
-    out = logits.clone()
-    torch_path(out, bitmask, vocab, None)
-    checks["torch"] = torch.equal(out.cpu(), reference)
-    # Selected rows (a batch mixing constrained and free rows), and a vocab_size below the
-    # width that ends inside a word.
-    rows = list(range(0, batch, 2))
-    expected = logits_cpu.clone()
-    kernels.apply_token_bitmask_inplace(expected, bits, indices=rows)
-    out = logits.clone()
-    triton_apply(out, bitmask, vocab, rows)
-    checks["triton_rows"] = torch.equal(out.cpu(), expected)
-    partial = max(1, vocab - 17)
-    expected = logits_cpu.clone()
-    kernels.apply_token_bitmask_inplace(expected, bits, vocab_size=partial)
-    out = logits.clone()
-    triton_apply(out, bitmask, partial, None)
-    checks["triton_partial_vocab"] = torch.equal(out.cpu(), expected)
-    found["checks"] = checks
-    found["equal"] = all(checks.values())
-    found["masked_share"] = float((reference == float("-inf")).float().mean())
-
-    work = logits.clone()
-    found["triton_us"] = 1000 * _bench_ms(lambda: triton_apply(work, bitmask, vocab, None),
-                                          cuda, args.repeats)
-    found["torch_us"] = 1000 * _bench_ms(lambda: torch_path(work, bitmask, vocab, None),
-                                         cuda, args.repeats)
-    found["host_us"] = _host_us(lambda: kernels.apply_token_bitmask_inplace(work, bitmask),
-                                cuda, args.calls)
-    if cuda:
-        # What a decode step adds: the step's bitmask filled on the CPU, copied over.
-        host = bits.clone()
-        found["h2d_us"] = _host_us(lambda: host.to(device), cuda, args.calls)
-    return found
-
-
-def _sampling_timings(kernels: Any, vocabs: list[int], device: str, cuda: bool,
-                      args: argparse.Namespace) -> dict[str, Any]:
-    """`sample_masked` over masked logits, per row as the engine calls it: greedy, and
-    temperature 1 with top-p 0.9."""
-    import torch
-
-    found: dict[str, Any] = {"cases": []}
-    for vocab in vocabs[:2]:
-        logits = torch.randn(vocab, device=device)
-        bits = kernels.allocate_token_bitmask(1, vocab, device=device)
-        bits[0, ::2] = 0
-        kernels.apply_token_bitmask_inplace(logits, bits[0])
-        for label, options in (("greedy", (0.0, 1.0, 0)), ("t1_top_p0.9", (1.0, 0.9, 0))):
-            case = {"vocab": vocab, "mode": label}
-            try:
-                case["us"] = 1000 * _bench_ms(
-                    lambda o=options, x=logits: kernels.sample_masked(x, *o), cuda, args.repeats)
-                case["host_us"] = _host_us(
-                    lambda o=options, x=logits: int(kernels.sample_masked(x, *o)), cuda, 50)
-            except Exception as exc:  # noqa: BLE001
-                case["error"] = _error(exc)
-            found["cases"].append(case)
-            log(json.dumps(case))
-    return found
-
-
-# --------------------------------------------------------------------------- decode
-def _requests(mode: str, batch: int, max_tokens: int, temperature: float) -> list[dict]:
-    # The serve bench's tools and questions (imported here: `install` runs before pegmask can be).
-    from pegmask.bench.serve_bench import QUESTIONS, TOOLS
-
-    requests = []
-    for i in range(batch):
-        question = QUESTIONS[i % len(QUESTIONS)] + f" (request {i})"
-        item: dict[str, Any] = {"messages": [{"role": "user", "content": question}],
-                                "max_tokens": max_tokens, "ignore_eos": True,
-                                "temperature": temperature, "seed": i}
-        if mode == "tool_required":
-            item["tools"] = [{"type": "function", "function": tool} for tool in TOOLS]
-            item["tool_choice"] = "required"
-        elif mode == "json_schema":
-            item["messages"] = [{"role": "user",
-                                 "content": f"Describe city number {i} as JSON."}]
-            item["response_format"] = {"type": "json_schema", "json_schema": {
-                "name": "city", "schema": CITY_SCHEMA, "strict": True}}
-        requests.append(item)
-    return requests
-
-
-def _stats(engine: Any) -> dict[str, float]:
-    return dataclasses.asdict(engine.stats)
-
-
-def _valid(mode: str, result: Any) -> bool | None:
-    message = getattr(result, "message", None) or {}
-    if mode == "tool_required":
-        calls = message.get("tool_calls") or []
-        try:
-            return bool(calls) and all(
-                isinstance(json.loads(c["function"]["arguments"]), dict) for c in calls)
-        except (ValueError, KeyError, TypeError):
-            return False
-    if mode == "json_schema":
-        try:
-            return isinstance(json.loads(message.get("content") or ""), dict)
-        except ValueError:
-            return False
-    return None
-
-
-def _decode_run(engine: Any, mode: str, batch: int, max_tokens: int,
-                temperature: float) -> dict[str, Any]:
-    import torch
-
-    requests = _requests(mode, batch, max_tokens, temperature)
-    before = _stats(engine)
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    started = time.perf_counter()
-    results = engine.generate_batch(requests, return_errors=True)
-    wall = time.perf_counter() - started
-    after = _stats(engine)
-    delta = {k: after[k] - before.get(k, 0) for k in after}
-    errors = [str(r) for r in results if isinstance(r, Exception)]
-    done = [r for r in results if not isinstance(r, Exception)]
-    completion = sum(r.usage["completion_tokens"] for r in done)
-    busy = sum(delta.get(k, 0.0) for k in ("prefill_s", "forward_s", "mask_s", "sample_s"))
-    decode = sum(delta.get(k, 0.0) for k in ("forward_s", "mask_s", "sample_s"))
-    steps = max(1, int(delta.get("steps", 0)))
-    valid = [_valid(mode, r) for r in done]
-    run = {
-        "mode": mode, "batch": batch, "temperature": temperature, "max_tokens": max_tokens,
-        "requests": len(requests), "errors": len(errors), "error_examples": errors[:2],
-        "completion_tokens": completion, "wall_s": wall,
-        "tokens_per_s": completion / wall if wall else None,
-        "decode_tokens_per_s": delta.get("tokens", 0) / decode if decode else None,
-        "ms_per_step": 1000 * busy / steps, "steps": steps,
-        "forward_ms_per_step": 1000 * delta.get("forward_s", 0) / steps,
-        "prefill_ms_per_step": 1000 * delta.get("prefill_s", 0) / steps,
-        "mask_ms_per_step": 1000 * delta.get("mask_s", 0) / steps,
-        "sample_ms_per_step": 1000 * delta.get("sample_s", 0) / steps,
-        "mask_share": delta.get("mask_s", 0) / busy if busy else None,
-        "sample_share": delta.get("sample_s", 0) / busy if busy else None,
-        "prepare_and_wait_s": wall - busy,
-        "stats": delta,
-        "finish_reasons": sorted({r.finish_reason for r in done}),
-        "valid": sum(1 for v in valid if v) if mode != "unconstrained" else None,
-    }
-    if done:
-        run["sample_output"] = (done[0].text or "")[:300]
     return run
 
 
-def cmd_decode(args: argparse.Namespace) -> int:
-    import torch
-
-    from pegmask import Engine
-
-    started = time.monotonic()
-    deadline = started + _budget(args.budget)
-    device = args.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    batches = [int(b) for b in args.batches.split(",")]
-    result: dict[str, Any] = {"device": device, "model": args.model, "runs": [],
-                              "max_tokens": args.max_tokens}
-    out = Path(args.out)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(f"{signal.SIGTERM!r} received"))
-    result["triton_probe"] = triton = triton_probe(device)
-    if not triton["ok"]:
-        use_torch_masks()
-        result["torch_masks"] = True
-        log(f"the triton kernel fails here ({triton.get('error')}): masks on the torch path")
-    try:
-        engine = Engine(args.model, device=device, max_running=max(batches), prewarm=True)
-    except Exception as exc:  # noqa: BLE001 - recorded for the report
-        result["error"] = f"the engine did not start: {_error(exc)}"
-        log(result["error"])
-        write_json(result, out)
-        return 1
-    result["load_s"] = time.monotonic() - started
-    result["engine"] = {"model": engine.model_name, "dialect": engine.dialect_name,
-                        "dtype": str(engine.backend.dtype), "vocab": engine.vocab.size,
-                        "runner": type(engine.runner).__name__}
-    log(f"engine ready in {result['load_s']:.1f} s: {result['engine']}")
-    if device.startswith("cuda"):
-        runner = engine.runner
-        forward = runner.forward
-
-        def synchronized(*args: Any) -> Any:
-            logits = forward(*args)
-            torch.cuda.synchronize()
-            return logits
-
-        runner.forward = synchronized
-        result["synchronized_forward"] = True
-    try:
-        # Warm-up: each mode once, few tokens, a greedy and a sampled row (kernels compile,
-        # grammars compile, caches), so no measured run pays a first call.
-        warm = time.monotonic()
-        for mode in MODES:
-            requests = _requests(mode, 2, min(48, args.max_tokens), 0.0)
-            requests[1]["temperature"] = 1.0
-            try:
-                engine.generate_batch(requests, return_errors=True)
-            except Exception as exc:  # noqa: BLE001 - the measured runs will show it too
-                result.setdefault("warmup_errors", {})[mode] = _error(exc)
-                log(f"warm-up {mode}: {_error(exc)}")
-        result["warmup_s"] = time.monotonic() - warm
-        plan = [(mode, batch, 0.0) for batch in batches for mode in MODES]
-        plan += [(mode, batch, 1.0) for batch in batches for mode in MODES]
-        for mode, batch, temperature in plan:
-            if time.monotonic() > deadline:
-                result["runs"].append({"mode": mode, "batch": batch,
-                                       "temperature": temperature, "skipped": "time budget"})
-                continue
-            try:
-                run = _decode_run(engine, mode, batch, args.max_tokens, temperature)
-            except Exception as exc:  # noqa: BLE001 - recorded, the next run goes on
-                run = {"mode": mode, "batch": batch, "temperature": temperature,
-                       "error": _error(exc)}
-            result["runs"].append(run)
-            log(json.dumps({k: v for k, v in run.items()
-                            if k not in ("stats", "sample_output")}))
-            write_json(result, out)  # after every run: a later timeout loses nothing
-        if device.startswith("cuda"):
-            result["max_memory_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
-    finally:
-        result["total_s"] = time.monotonic() - started
-        write_json(result, out)
-        engine.close()
-    return 0
-
-
-# --------------------------------------------------------------------------- serve
-def _get(url: str, timeout: float) -> bytes:
-    import urllib.request
-
-    with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - loopback
-        return response.read()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _stop(process: subprocess.Popen[Any]) -> None:
-    """End the server: SIGTERM (uvicorn's graceful stop), SIGKILL after 15 s."""
-    if process.poll() is not None:
-        return
-    process.terminate()
-    try:
-        process.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(timeout=15)
-
-
-def cmd_serve(args: argparse.Namespace) -> int:
-    """`pegmask serve` on the device (its log kept), driven by `pegmask bench serve --url`."""
-    started = time.monotonic()
-    deadline = started + _budget(args.budget)
-    work = Path(args.work)
-    work.mkdir(parents=True, exist_ok=True)
-    out = Path(args.out)
-    result: dict[str, Any] = {"device": args.device, "model": args.model, "status": "started"}
-    result["triton_probe"] = triton = triton_probe(args.device)
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    serve_args = ["serve", "--model", args.model, "--device", args.device, "--host",
-                  "127.0.0.1", "--port", str(port), "--log-level", "warning",
-                  "--max-running", str(args.max_running)]
-    entry = ["-m", "pegmask.cli"]
-    if not triton["ok"]:
-        result["torch_masks"] = True
-        entry = ["-c", "import sys\nfrom pegmask.bench.gpu_check import use_torch_masks\n"
-                 "use_torch_masks()\nfrom pegmask.cli import main\nsys.exit(main(sys.argv[1:]))"]
-    server_cmd = [sys.executable, *entry, *serve_args]
-    result["server_command"] = " ".join(["pegmask", *serve_args]) + (
-        " (torch masks)" if not triton["ok"] else "")
-    server_log = work / "server.log"
-    log(f"starting {result['server_command']}")
-    # The step's time limit ends this process with SIGTERM: leave through `finally`, which
-    # stops the server and writes what was measured.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(f"{signal.SIGTERM!r} received"))
-    with server_log.open("wb") as sink:
-        server = subprocess.Popen(server_cmd, stdout=sink, stderr=subprocess.STDOUT)
-    try:
-        ready = None
-        while time.monotonic() < min(deadline, started + args.start_timeout):
-            if server.poll() is not None:
-                break
-            try:
-                ready = json.loads(_get(f"{url}/v1/models", 2))
-                break
-            except (OSError, ValueError):
-                time.sleep(1)
-        result["server_start_s"] = time.monotonic() - started
-        if ready is None:
-            result["status"] = "server did not start"
-            return 1
-        log(f"server ready in {result['server_start_s']:.1f} s: {ready}")
-        bench_out = work / "serve_bench.md"
-        bench_cmd = [sys.executable, "-m", "pegmask.cli", "bench", "serve", "--url", url,
-                     "--clients", args.clients, "--max-tokens", str(args.max_tokens),
-                     "--time-limit", str(args.time_limit), "--no-probe",
-                     "--out", str(bench_out)]
-        if args.requests:
-            bench_cmd += ["--requests", str(args.requests)]
-        result["bench_command"] = " ".join(["pegmask", *bench_cmd[3:]])
-        remaining = deadline - time.monotonic()
-        log(f"{result['bench_command']} (at most {remaining:.0f} s)")
-        bench_started = time.monotonic()
-        try:
-            completed = subprocess.run(bench_cmd, timeout=max(10, remaining))
-            result["bench_rc"] = completed.returncode
-        except subprocess.TimeoutExpired:
-            result["bench_rc"] = "timeout"
-        result["bench_s"] = time.monotonic() - bench_started
-        data = bench_out.with_suffix(".json")
-        if data.is_file():
-            result["bench"] = json.loads(data.read_text())
-            result["status"] = "ok"
-        else:
-            result["status"] = "no bench results"
-        try:
-            metrics = _get(f"{url}/metrics", 5).decode()
-            result["metrics"] = [line for line in metrics.splitlines()
-                                 if line.startswith("pegmask_") and "_bucket" not in line
-                                 and "_created" not in line][:80]
-        except OSError as exc:
-            result["metrics"] = [_error(exc)]
-    finally:
-        _stop(server)
-        result["server_rc"] = server.returncode
-        lines = server_log.read_text(errors="replace").splitlines() if server_log.exists() \
-            else []
-        result["server_log_lines"] = len(lines)
-        result["server_log_tail"] = lines[-120:]
-        result["total_s"] = time.monotonic() - started
-        write_json(result, out)
-    return 0 if result["status"] == "ok" else 1
-
-
-# --------------------------------------------------------------------------- report
-def _fmt(value: Any, digits: int = 1, scale: float = 1.0, unit: str = "") -> str:
-    if value is None or value == "":
-        return "-"
-    if isinstance(value, bool):
-        return "yes" if value else "NO"
-    if isinstance(value, int | float):
-        return f"{value * scale:.{digits}f}{unit}"
-    return str(value)
-
-
-def _load(folder: Path, name: str) -> dict[str, Any] | None:
-    path = folder / name
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text())
-    except ValueError:
-        return None
-
-
-def report(folder: Path) -> str:
-    env, kernel, decode, serve = (_load(folder, f"{n}.json")
-                                  for n in ("env", "kernels", "decode", "serve"))
-    lines = ["# pegmask on a GPU", ""]
-    if env:
-        gpu = env.get("gpu") or {}
-        versions = env.get("versions") or {}
-        lines += [
-            f"- date: {env.get('date')}; checkout {env.get('checkout')}",
-            f"- GPU: {gpu.get('name', 'none')} (compute {gpu.get('capability', '-')}, "
-            f"{gpu.get('memory_gib', '-')} GiB); nvidia-smi: {env.get('nvidia_smi')}",
-            f"- Python {env.get('python')}, {env.get('cpus')} CPUs; torch {env.get('torch')} "
-            f"(CUDA {env.get('cuda_version')}), " + ", ".join(
-                f"{k} {v}" for k, v in versions.items() if v),
-            "- model: SmolLM2-135M-Instruct's architecture, tokenizer and chat template with "
-            "random weights (seed 0, bfloat16): speed does not depend on weight values, but "
-            "outputs are random tokens, so output lengths differ from the real model's.",
-        ]
-        triton = env.get("triton_probe") or {}
-        if triton and not triton.get("ok", True):
-            lines.append(f"- **the triton kernel fails on this device** ({triton.get('error')}; "
-                         f"compilers {triton.get('compilers')}): decode and serve used the "
-                         "torch path for masks")
-    lines.append("")
-    if kernel:
-        lines += [f"## Token bitmask kernel ({kernel.get('device')}, triton "
-                  f"{kernel.get('triton')})", "",
-                  f"Timing: {kernel.get('timing')}. `equal`: the triton kernel (public entry, "
-                  "direct call, selected rows, a vocab_size ending inside a word) and the "
-                  "torch path give exactly the CPU reference's logits.", "",
-                  "| dtype | vocab | batch | triton µs | torch path µs | speedup | public call "
-                  "host µs | bitmask H2D µs | masked | equal |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
-        for c in kernel.get("cases", []):
-            if "skipped" in c or "error" in c:
-                lines.append(f"| {c.get('dtype')} | {c.get('vocab')} | {c.get('batch')} | "
-                             f"{c.get('skipped') or c.get('error')} ||||||| NO |")
-                continue
-            speed = (c["torch_us"] / c["triton_us"]) if c.get("torch_us") and c.get(
-                "triton_us") else None
-            lines.append(
-                f"| {c['dtype']} | {c['vocab']} | {c['batch']} | {_fmt(c.get('triton_us'))} | "
-                f"{_fmt(c.get('torch_us'))} | {_fmt(speed, 1, unit='x')} | "
-                f"{_fmt(c.get('host_us'))} | {_fmt(c.get('h2d_us'))} | "
-                f"{_fmt(c.get('masked_share'), 0, 100, '%')} | {_fmt(c.get('equal'))} |")
-        sampling = kernel.get("sampling") or {}
-        if sampling.get("cases"):
-            lines += ["", "`sample_masked` on one masked row (as the engine calls it):", "",
-                      "| vocab | mode | µs | host µs per call (with .item) |", "|---|---|---|---|"]
-            for c in sampling["cases"]:
-                lines.append(f"| {c['vocab']} | {c['mode']} | "
-                             f"{_fmt(c.get('us')) if 'error' not in c else c['error']} | "
-                             f"{_fmt(c.get('host_us'))} |")
-        lines.append("")
-    if decode and decode.get("error"):
-        lines += ["## Decode loop", "", f"**{decode['error']}**", ""]
-    elif decode:
-        engine = decode.get("engine") or {}
-        lines += [f"## Decode loop (`Engine.generate_batch`, {decode.get('device')})", "",
-                  f"Model {engine.get('model')} ({engine.get('dtype')}, {engine.get('runner')}, "
-                  f"dialect {engine.get('dialect')}, vocab {engine.get('vocab')}); "
-                  f"max_tokens {decode.get('max_tokens')}, ignore_eos; engine load "
-                  f"{_fmt(decode.get('load_s'))} s, warm-up {_fmt(decode.get('warmup_s'))} s, "
-                  f"peak GPU memory {_fmt(decode.get('max_memory_allocated_gib'), 2)} GiB. "
-                  "Modes: a chat without tools; two tools with tool_choice=required; "
-                  "response_format json_schema. tokens/s: completion tokens over the call's "
-                  "wall time (prompt preparation and prefill included); decode tokens/s: over "
-                  "forward + masks + sampling; from the engine's step accounting (forward "
-                  "synchronized on CUDA): ms/step = (prefill + forward + masks + sampling) / "
-                  "steps, and the forward, masks and sampling parts per step. masks = filling the step's "
-                  "bitmask on the CPU, copying it over and applying it.", "",
-                  "| mode | batch | temp | tokens | wall s | tokens/s | decode tokens/s | "
-                  "steps | prefill s | ms/step | forward ms | masks ms | sampling ms | "
-                  "masks share | valid | errors |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-        for r in decode.get("runs", []):
-            if "skipped" in r or "error" in r:
-                lines.append(f"| {r['mode']} | {r['batch']} | {r.get('temperature')} | "
-                             f"{r.get('skipped') or r.get('error')} ||||||||||||")
-                continue
-            temp = f"{r['temperature']:g}"
-            if r.get("errors") and not r.get("completion_tokens"):
-                lines.append(f"| {r['mode']} | {r['batch']} | {temp} | all {r['errors']} "
-                             f"failed: {'; '.join(r.get('error_examples', []))[:300]} "
-                             "||||||||||||")
-                continue
-            valid = "-" if r.get("valid") is None else f"{r['valid']}/{r['requests']}"
-            lines.append(
-                f"| {r['mode']} | {r['batch']} | {temp} | {r['completion_tokens']} | "
-                f"{_fmt(r['wall_s'], 2)} | {_fmt(r['tokens_per_s'])} | "
-                f"{_fmt(r['decode_tokens_per_s'])} | {r['steps']} | "
-                f"{_fmt(r['stats'].get('prefill_s'), 2)} | {_fmt(r['ms_per_step'], 2)} | "
-                f"{_fmt(r['forward_ms_per_step'], 2)} | {_fmt(r['mask_ms_per_step'], 2)} | "
-                f"{_fmt(r['sample_ms_per_step'], 2)} | {_fmt(r['mask_share'], 0, 100, '%')} | "
-                f"{valid} | {r['errors']} |")
-        lines.append("")
-    if serve:
-        lines += [f"## Serving (`pegmask serve --device {serve.get('device')}` driven by "
-                  "`pegmask bench serve --url`)", "",
-                  f"Status: {serve.get('status')}; server start {_fmt(serve.get('server_start_s'))}"
-                  f" s; bench {_fmt(serve.get('bench_s'))} s (rc {serve.get('bench_rc')}).",
-                  f"Command: `{serve.get('bench_command')}`", ""]
-        bench = serve.get("bench") or {}
-        if bench.get("phases"):
-            lines += ["| clients | mode | requests | errors | output tokens | tokens/s | "
-                      "TTFT p50 | TTFT p99 | ITL p50 | ITL p99 | calls valid |",
-                      "|---|---|---|---|---|---|---|---|---|---|---|"]
-            for p in bench["phases"]:
-                calls = (f"{p['calls_valid']}/{p['with_calls']}" if p["mode"] == "constrained"
-                         else "-")
-                lines.append(
-                    f"| {p['clients']} | {p['mode']} | {p['requests']} | {p['errors']} | "
-                    f"{p['tokens']} | {_fmt(p['tokens_per_s'])} | "
-                    f"{_fmt(p['ttft_p50_s'], 0, 1000, ' ms')} | "
-                    f"{_fmt(p['ttft_p99_s'], 0, 1000, ' ms')} | "
-                    f"{_fmt(p['itl_p50_s'], 1, 1000, ' ms')} | "
-                    f"{_fmt(p['itl_p99_s'], 1, 1000, ' ms')} | {calls} |")
-            errors = sorted({e for p in bench["phases"] for e in p.get("error_examples", [])})
-            if errors:
-                lines += ["", "Errors seen: " + "; ".join(errors)[:1500]]
-        tail = [line for line in serve.get("server_log_tail", []) if line.strip()][-8:]
-        if tail and serve.get("status") != "ok":
-            lines += ["", "Server log (end):", "", "```", *tail, "```"]
-        lines.append("")
-    missing = [n for n, d in (("env", env), ("kernels", kernel), ("decode", decode),
-                              ("serve", serve)) if d is None]
-    if missing:
-        lines += [f"Missing results: {', '.join(missing)} (see device_check.log).", ""]
-    return "\n".join(lines)
-
-
-def cmd_report(args: argparse.Namespace) -> int:
-    """Print the tables; write them only to an explicit --out (bench/results/gpu.md adds
-    prose by hand that a default would overwrite)."""
-    text = report(Path(args.dir))
-    print(text)
-    if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text, encoding="utf-8")
-        log(f"wrote {out}")
-    return 0
-
-
-# --------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pegmask.bench.gpu_check",
                                      description=__doc__.split("\n\n")[0])
@@ -1075,7 +459,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calls", type=int, default=200, help="calls for the host timing")
     p.add_argument("--budget", type=float, default=90.0, help="seconds; later cases skipped")
     p.add_argument("--cpu", action="store_true", help="stay on the CPU even with CUDA")
-    p.set_defaults(run=cmd_kernels)
+    p.set_defaults(run=_later("gpu_measure", "cmd_kernels"))
 
     p = commands.add_parser("decode", help="Engine.generate_batch, three modes")
     p.add_argument("--model", required=True)
@@ -1084,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches", default="1,8,32")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--budget", type=float, default=120.0, help="seconds; later runs skipped")
-    p.set_defaults(run=cmd_decode)
+    p.set_defaults(run=_later("gpu_measure", "cmd_decode"))
 
     p = commands.add_parser("serve", help="pegmask serve + pegmask bench serve --url")
     p.add_argument("--model", required=True)
@@ -1098,12 +482,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-running", type=int, default=32)
     p.add_argument("--start-timeout", type=float, default=150.0)
     p.add_argument("--budget", type=float, default=150.0)
-    p.set_defaults(run=cmd_serve)
+    p.set_defaults(run=_later("gpu_measure", "cmd_serve"))
 
     p = commands.add_parser("report", help="markdown tables from a folder of results")
     p.add_argument("dir")
     p.add_argument("--out", help="also write the tables to this file")
-    p.set_defaults(run=cmd_report)
+    p.set_defaults(run=_later("gpu_report", "cmd_report"))
 
     args = parser.parse_args(argv)
     return int(args.run(args) or 0)

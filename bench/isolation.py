@@ -47,6 +47,7 @@ from pegmask.bench import plots
 from pegmask.bench.reporting import (
     RESULTS_DIR,
     command_line,
+    load_average,
     machine,
     machine_info,
     publish,
@@ -58,9 +59,9 @@ from pegmask.bench.serve_bench import (
     quantile,
     request_body,
     run_phase,
-    served,
     stream_once,
 )
+from pegmask.bench.servers import served
 
 TARGET = 1.5  # ratio to the alone phase, at most
 QUESTION = "Fill in the form for my house."
@@ -344,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.requests, args.max_tokens = 4, 24
-    load_start = os.getloadavg()[0]
+    load_start = load_average()
     if args.objects:
         objects, seconds = args.objects, compile_seconds(args.objects) or 0.0
     else:

@@ -46,11 +46,12 @@ from typing import Any
 import numpy as np
 
 from pegmask.bench.data import JSONSCHEMA_DIR
+from pegmask.bench.reporting import RESULTS_DIR, publish
 from pegmask.engine.model import default_model_path
 from pegmask.grammars import Grammar, GrammarError, SchemaError, UnsupportedSchemaError
 from pegmask.grammars.vocab import Vocabulary
 
-RESULTS = Path(__file__).resolve().parent / "results" / "jsonschema_agreement.md"
+RESULTS = RESULTS_DIR / "jsonschema_agreement.md"
 ENGINES = ("pegmask", "xgrammar")
 XGRAMMAR_OPTIONS: dict[str, Any] = {"any_whitespace": True, "strict_mode": False}
 """`any_whitespace` accepts json.dumps' spaces; `strict_mode=False` keeps JSON Schema's rule
@@ -710,10 +711,7 @@ def main(argv: list[str] | None = None) -> None:
     files = sample_files(args.sample) if args.sample else schema_files()
     report = measure(files[: args.limit], args.engine or ENGINES, jobs=args.jobs,
                      timeout=args.timeout, progress=not args.quiet)
-    text = markdown(report)
-    print(text)
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(text)
+    publish(markdown(report), args.output)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from pegmask.bench import plots
 from pegmask.bench.reporting import (
     RESULTS_DIR,
     command_line,
+    load_average,
     machine,
     machine_info,
     publish,
@@ -42,10 +43,10 @@ from pegmask.bench.serve_bench import (
     milliseconds,
     quantile,
     request_body,
-    served,
     stream_once,
 )
 from pegmask.bench.serve_compare import process_tree
+from pegmask.bench.servers import served
 
 DEFAULT_CONFIGS = ["default=", "no-decode-first=--no-decode-first"]
 
@@ -188,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "long_prompt.md")
     args = parser.parse_args(argv)
     meta = {"command": command_line("long_prompt", argv if argv is not None else
-                                     sys.argv[1:]), "load_start": os.getloadavg()[0],
+                                     sys.argv[1:]), "load_start": load_average(),
             "clients": args.clients, "max_tokens": args.max_tokens, "lead_s": args.lead}
     runs = []
     for config in args.config or DEFAULT_CONFIGS:

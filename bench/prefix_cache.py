@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pegmask.bench.reporting import machine_info, publish
+from pegmask.bench.reporting import RESULTS_DIR, machine_info, publish
 from pegmask.bench.serve_bench import QUESTIONS, TOOLS
 from pegmask.engine import Engine
 
@@ -68,7 +68,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=Path("bench/results/prefix_cache.md"))
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "prefix_cache.md")
     args = parser.parse_args()
     engines = {"prefix cache": Engine(prefix_cache=4), "no prefix cache": Engine(prefix_cache=0)}
     rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in engines}

@@ -112,7 +112,7 @@ def machine(packages: Sequence[str] = PEER_PACKAGES + MODEL_PACKAGES) -> dict[st
         "last_level_cache": last_level_cache(),
         "system": f"{platform.system()} {platform.release()}",
         "python": platform.python_version(),
-        "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        "load_average": load_average() if hasattr(os, "getloadavg") else None,
         "versions": versions(("pegmask", *packages)),
         "checkout": checkout_state(),
     }
@@ -147,15 +147,21 @@ def publish(report: str, out: Path | None) -> None:
         out.write_text(report, encoding="utf-8")
 
 
-def settle(bound: Callable[[], float], timeout_s: float = SETTLE_TIMEOUT_S) -> None:
+def load_average() -> float:
+    """The 1-minute load average (what the benches' load checks read)."""
+    return os.getloadavg()[0]
+
+
+def settle(bound: Callable[[], float], timeout_s: float = SETTLE_TIMEOUT_S) -> float:
     """Wait until the 1-minute load average is at most `bound()` (a bench's start limit, or a
-    phase's own share plus a margin). A server's start-up (vLLM's takes a minute of both
-    cores), a test step just before, or a job that has just ended lingers in that average for
-    minutes; without this a load check would fail a run for work that was over, not for other
-    jobs. Gives up after `timeout_s`: the check then says so."""
+    phase's own share plus a margin), and return it. A server's start-up (vLLM's takes a minute
+    of both cores), a test step just before, or a job that has just ended lingers in that
+    average for minutes; without this a load check would fail a run for work that was over, not
+    for other jobs. Gives up after `timeout_s`: the check then says so."""
     deadline = time.monotonic() + timeout_s
-    while os.getloadavg()[0] > bound() and time.monotonic() < deadline:
+    while load_average() > bound() and time.monotonic() < deadline:
         time.sleep(2.0)
+    return load_average()
 
 
 def write_json(data: Any, out: Path) -> None:

@@ -34,24 +34,23 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import datetime
 import json
 import os
 import platform
-import socket
 import statistics
-import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-RESULTS = Path(__file__).parent / "results"
+from pegmask.bench.reporting import RESULTS_DIR, publish, write_json
+from pegmask.bench.servers import free_port, start_server, stop, wait_ready
+
 APIS = ("chat", "responses", "messages")
 MODES = ("constrained", "unconstrained")
 # Options that make this bench the comparison of pegmask against peers (serve_compare.py).
@@ -347,55 +346,6 @@ async def probe(url: str, model: str, api: str, mode: str, background: int, max_
         return statistics.median(times) if times else None
 
 
-# --------------------------------------------------------------------------- the server
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def server_command(model: str | None, port: int, extra: list[str]) -> list[str]:
-    """`pegmask serve` on loopback, in this interpreter (so the checkout measured is this one)."""
-    command = [sys.executable, "-m", "pegmask.cli", "serve", "--host", "127.0.0.1",
-               "--port", str(port), "--log-level", "warning", *extra]
-    return command + ["--model", model] if model else command
-
-
-def start_server(model: str | None, port: int, extra: list[str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(server_command(model, port, extra), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
-
-
-def wait_ready(url: str, process: subprocess.Popen[bytes] | None, timeout: float) -> str:
-    """Wait for the server's /v1/models; returns the first model name."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if process is not None and process.poll() is not None:
-            raise RuntimeError("the server exited: "
-                               + (process.stderr.read() if process.stderr else b"").decode()[-2000:])
-        try:
-            models = httpx.get(f"{url}/v1/models", timeout=2).json()
-            return models["data"][0]["id"]
-        except (httpx.HTTPError, KeyError, ValueError):
-            time.sleep(1)
-    raise RuntimeError(f"no server answered at {url} within {timeout} s")
-
-
-@contextlib.contextmanager
-def served(extra: list[str], timeout: float = 900,
-           ) -> Iterator[tuple[str, str, subprocess.Popen[bytes]]]:
-    """`pegmask serve` (the embedded model, `extra` flags) in a subprocess on a free loopback
-    port: (its URL, its model's name, the process) once it answers; stopped on exit."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    process = start_server(None, port, extra)
-    try:
-        yield url, wait_ready(url, process, timeout), process
-    finally:
-        process.terminate()
-        process.wait(timeout=60)
-
-
 # --------------------------------------------------------------------------- report
 def report(phases: list[Phase], meta: dict[str, Any]) -> str:
     rows = [p.summary() for p in phases]
@@ -487,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="1 and 8 clients, 64 tokens, one request per client")
     parser.add_argument("--server-arg", action="append", default=[],
                         help="extra argument for `pegmask serve` (repeatable)")
-    parser.add_argument("--out", type=Path, default=RESULTS / "serve.md")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "serve.md")
     args = parser.parse_args(argv)
     if args.quick:
         args.clients, args.max_tokens, args.time_limit = "1,8", 64, 120.0
@@ -511,8 +461,7 @@ def main(argv: list[str] | None = None) -> int:
         phases = asyncio.run(_run_all(url, model, apis, modes, clients, args, headers))
     finally:
         if process is not None:
-            process.terminate()
-            process.wait(timeout=60)
+            stop(process)
     meta = {
         "date": datetime.date.today().isoformat(),
         "server": args.url or "pegmask serve (subprocess)", "model": model, "apis": apis,
@@ -521,12 +470,9 @@ def main(argv: list[str] | None = None) -> int:
                    f"{platform.python_version()}",
         "command": "pegmask bench serve " + " ".join(argv),
     }
-    text = report(phases, meta)
-    print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text, encoding="utf-8")
-    args.out.with_suffix(".json").write_text(json.dumps(
-        {"meta": meta, "phases": [p.summary() for p in phases]}, indent=2), encoding="utf-8")
+    publish(report(phases, meta), args.out)
+    write_json({"meta": meta, "phases": [p.summary() for p in phases]},
+               args.out.with_suffix(".json"))
     plot(phases, args.out.with_suffix(".png"))
     return 0
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -33,9 +32,16 @@ from pathlib import Path
 from typing import Any
 
 from pegmask.bench.data import JSONSCHEMA_DIR
-from pegmask.bench.reporting import SETTLE_TIMEOUT_S, settle
+from pegmask.bench.reporting import (
+    RESULTS_DIR,
+    SETTLE_TIMEOUT_S,
+    load_average,
+    publish,
+    settle,
+    write_json,
+)
+from pegmask.bench.servers import stop
 
-RESULTS = Path(__file__).resolve().parent / "results"
 PROCESSOR = "pegmask.integrations.vllm.logits:PegmaskLogitsProcessor"
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Get the current weather in a city",
@@ -112,16 +118,6 @@ def wait_ready(server: subprocess.Popen, port: int, timeout: float) -> float:
         except OSError:
             time.sleep(3)
     raise TimeoutError(f"vLLM not ready after {timeout:.0f} s")
-
-
-def stop(server: subprocess.Popen) -> None:
-    if server.poll() is None:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
 
 
 def valid(arguments: str, schema: dict[str, Any]) -> bool:
@@ -376,7 +372,7 @@ async def load_phase(client: Any, kind: str, side: str, concurrency: int, reques
         return (answer_valid(kind, side, index, choice.message), choice.finish_reason,
                 response.usage.completion_tokens)
 
-    load = os.getloadavg()[0]
+    load = load_average()
     started = time.monotonic()
     answers = await asyncio.gather(*(one(i) for i in range(requests)))
     seconds = time.monotonic() - started
@@ -544,7 +540,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runner", choices=["auto", "v1", "v2"], default="auto")
     parser.add_argument("--ready-timeout", type=float, default=1500)
     parser.add_argument("--eager", action="store_true", help="pass --enforce-eager to vLLM")
-    parser.add_argument("--out", type=Path, default=RESULTS / "vllm.md")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "vllm.md")
     parser.add_argument("--load", type=numbers, metavar="N,N,...",
                         help="also the load table at these concurrencies (e.g. 1,8,32), on a "
                         "second server whose structured outputs stay with xgrammar")
@@ -568,8 +564,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import vllm
 
-    settle(lambda: PUBLISHABLE_LOAD, args.settle_timeout)  # (scripts/vllm_check.sh's tests)
-    start_load = os.getloadavg()[0]
+    # (scripts/vllm_check.sh's tests run just before: their load lingers)
+    start_load = settle(lambda: PUBLISHABLE_LOAD, args.settle_timeout)
     convert(args.model_dir)
     results: dict[str, Any] = {"vllm": vllm.__version__, "torch": torch.__version__,
                                "runner": args.runner, "eager": args.eager,
@@ -584,7 +580,7 @@ def main(argv: list[str] | None = None) -> int:
             results.update(tools=tool_checks(client), json=json_checks(client),
                            closing=closing_checks(client), bad_request=bad_request(client))
         finally:
-            stop(server)
+            stop(server, group=True)
     if args.load:
         load_log = args.out.with_suffix(".load.server.log")
         server = start_server(args.model_dir, args.port, args.runner, load_log, args.eager,
@@ -594,16 +590,15 @@ def main(argv: list[str] | None = None) -> int:
             rows = asyncio.run(load_checks(base_url, args.load, args.load_budgets,
                                            args.load_requests, fewest_tokens(args.model_dir)))
         finally:
-            stop(server)
+            stop(server, group=True)
         results["load"] = {"start_load": round(start_load, 2),
                            "publishable": start_load <= PUBLISHABLE_LOAD, "ready_s": ready,
                            "minimum_requests": args.load_requests, "rows": rows}
         log = load_log if args.load_only else log
     runner_lines = [line for line in log.read_text().splitlines() if "Model Runner" in line]
     results["runner"] += f"; log: {runner_lines[0].split(']')[-1].strip()}" if runner_lines else ""
-    args.out.write_text(report(results))
-    args.out.with_suffix(".json").write_text(json.dumps(results, indent=1, ensure_ascii=False))
-    print(report(results))
+    publish(report(results), args.out)
+    write_json(results, args.out.with_suffix(".json"))
     return 0
 
 

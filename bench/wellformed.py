@@ -30,9 +30,10 @@ from typing import Any
 
 import jsonschema
 
+from pegmask.bench.reporting import RESULTS_DIR, publish, write_json
 from pegmask.engine import Engine, InvalidRequestError
 
-RESULTS = Path(__file__).parent / "results" / "wellformed.md"
+RESULTS = RESULTS_DIR / "wellformed.md"
 TOOLS = [
     {"type": "function", "function": {
         "name": "get_weather", "description": "Current weather in a city",
@@ -213,14 +214,10 @@ def main(argv: list[str] | None = None) -> int:
             "seeds": args.seeds,
             "command": "pegmask bench wellformed " + " ".join(
                 argv if argv is not None else sys.argv[1:])}
-    text = report(cells, meta)
-    print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text, encoding="utf-8")
-    args.out.with_suffix(".json").write_text(json.dumps(
-        {"meta": meta, "cells": [{"mode": m, "max_tokens": b, "variant": v, **c.row()}
-                                 for (m, b, v), c in cells.items()]}, indent=2),
-        encoding="utf-8")
+    publish(report(cells, meta), args.out)
+    write_json({"meta": meta, "cells": [{"mode": m, "max_tokens": b, "variant": v, **c.row()}
+                                        for (m, b, v), c in cells.items()]},
+               args.out.with_suffix(".json"))
     return 0
 
 

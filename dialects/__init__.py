@@ -8,8 +8,9 @@ specialization, template detection and prompt rendering.
     message = d.parse(output_text)
 """
 
-from pegmask.dialects.base import Dialect, DialectStreamParser, accumulate
-from pegmask.dialects.derive import DERIVED, DerivationError, derive_dialect
+from pegmask.dialects.base import Dialect
+from pegmask.dialects.derive import DERIVED, derive_dialect
+from pegmask.dialects.probe import DerivationError
 from pegmask.dialects.registry import (
     UNKNOWN,
     detect_dialect,
@@ -18,6 +19,7 @@ from pegmask.dialects.registry import (
     get_dialect,
 )
 from pegmask.dialects.request import ChatRequest, RequestError
+from pegmask.dialects.stream import DialectStreamParser, accumulate
 from pegmask.dialects.templating import render_chat_template
 
 __all__ = [

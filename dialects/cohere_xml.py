@@ -24,16 +24,12 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from pegmask.dialects.base import (
-    TurnDialect,
-    peg_literal,
-    schema_type,
-    separated,
-)
+from pegmask.dialects.base import TurnDialect, peg_literal, separated
 from pegmask.dialects.history import History, Message, ToolCall
 from pegmask.dialects.rendering import TurnFormat, dumps, render_turns, split_reasoning, thinking_on
 from pegmask.dialects.replay import ReplayMemory
 from pegmask.dialects.schema_values import SchemaValueRules
+from pegmask.dialects.values import schema_type
 
 CLOSE = "</cofl:value>"
 THINK_OPEN, THINK_CLOSE = "<|START_THINKING|>", "<|END_THINKING|>"

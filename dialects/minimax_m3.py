@@ -23,14 +23,7 @@ import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from pegmask.dialects.base import (
-    INVALID,
-    TurnDialect,
-    peg_literal,
-    python_literal,
-    schema_type,
-    separated,
-)
+from pegmask.dialects.base import TurnDialect, peg_literal, separated
 from pegmask.dialects.history import History, Message, ToolCall
 from pegmask.dialects.rendering import (
     TurnFormat,
@@ -41,6 +34,7 @@ from pegmask.dialects.rendering import (
 )
 from pegmask.dialects.replay import ReplayMemory
 from pegmask.dialects.schema_values import SchemaValueRules
+from pegmask.dialects.values import INVALID, python_literal, schema_type
 
 NS = "]<]minimax[>["
 THINK_OPEN, THINK_CLOSE = "<mm:think>", "</mm:think>"

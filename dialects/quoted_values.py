@@ -15,8 +15,9 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from pegmask.dialects.base import peg_literal, schema_type, separated
+from pegmask.dialects.base import peg_literal, separated
 from pegmask.dialects.schema_values import SchemaValueRules
+from pegmask.dialects.values import schema_type
 
 _Q = "Q"  # the rule of the quote token
 

@@ -1,4 +1,4 @@
-"""The GPU check's report (bench/gpu_check.py) renders the results of the H200 run kept in
+"""The GPU check's report (bench/gpu_report.py) renders the results of the H200 run kept in
 bench/results/: every kernel case, decode run and serve phase becomes a table row."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
-from pegmask.bench.gpu_check import report
+from pegmask.bench.gpu_report import report
 
 RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results"
 

@@ -37,14 +37,9 @@ from pegmask.dialects import (
     get_dialect,
     render_chat_template,
 )
-from pegmask.dialects.derive import (
-    DerivedDialect,
-    TurnFormat,
-    common_prefix,
-    derive_format,
-    first_piece,
-    header_overlap,
-)
+from pegmask.dialects.derive import DerivedDialect, first_piece
+from pegmask.dialects.probe import TurnFormat, derive_format
+from pegmask.dialects.textdiff import common_prefix, header_overlap
 
 # Template variables a template ends its turns with (the tokenizer's, as transformers passes).
 TEMPLATE_KWARGS: dict[str, dict[str, str]] = {

@@ -15,7 +15,8 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from pegmask.dialects import ChatRequest, Dialect, RequestError, accumulate, get_dialect
-from pegmask.dialects.base import peg_literal, raw_string_values, schema_type, separated
+from pegmask.dialects.base import peg_literal, raw_string_values, separated
+from pegmask.dialects.values import schema_type
 from pegmask.grammars import Grammar
 
 WEATHER = {

@@ -13,7 +13,8 @@ import pytest
 
 from pegmask.bench.data import TEMPLATES_DIR
 from pegmask.dialects import cohere_xml, gemma, minimax_m3, quoted_values, registry
-from pegmask.dialects.base import Dialect, TurnDialect, value_readers
+from pegmask.dialects.base import Dialect, TurnDialect
+from pegmask.dialects.values import value_readers
 
 # The detection order the registry had as a hand-written list.
 DETECTION_ORDER = [

@@ -20,7 +20,7 @@ from test_families import FAMILIES, assert_template_turn_reads_back
 
 from pegmask.bench.data import TEMPLATES_DIR
 from pegmask.dialects import DerivationError, detect_dialect, render_chat_template
-from pegmask.dialects.derive import derive_format
+from pegmask.dialects.probe import derive_format
 
 UNSEEN_DIR = Path(__file__).parent / "data" / "templates_unseen"
 
