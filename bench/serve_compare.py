@@ -59,7 +59,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import math
 import os
 import shlex
@@ -76,21 +75,18 @@ from typing import Any
 import httpx
 
 from pegmask.bench import plots, reporting
-from pegmask.bench.reporting import SETTLE_TIMEOUT_S, settle
+from pegmask.bench.reporting import RESULTS_DIR, SETTLE_TIMEOUT_S, settle
 from pegmask.bench.serve_bench import (
     MODES,
     QUESTIONS,
-    RESULTS,
     TOOLS,
     Sample,
-    free_port,
     milliseconds,
     quantile,
     request_body,
-    server_command,
     stream_once,
-    wait_ready,
 )
+from pegmask.bench.servers import free_port, server_command, stop, wait_ready
 from pegmask.bench.vllm_check import calls_valid
 
 MODE_NAMES = {"unconstrained": "plain text", "constrained": 'tool call, `tool_choice="required"`'}
@@ -260,17 +256,8 @@ class Server:
     def stop(self) -> None:
         """Resume and terminate its whole session (what outlived its first process as well);
         killed after a minute."""
-        if self.process is None:
-            return
-        for number in (signal.SIGCONT, signal.SIGTERM):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, number)
-        try:
-            self.process.wait(60)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+        if self.process is not None:
+            stop(self.process, group=True)
 
     def cpu(self) -> float | None:
         return tree_cpu(self.pid) if self.pid else None
@@ -366,8 +353,8 @@ async def drive(url: str, model: str, mode: str, clients: int, requests: int,
 def run_phase(server: Server, clients: int, mode: str, args: argparse.Namespace,
               own: OwnLoad) -> Phase:
     """One phase, with the machine's CPU split into the server's, the bench's and the rest."""
-    settle(lambda: own.estimate + PHASE_LOAD_MARGIN, args.settle_timeout)
-    load_average, own_load = os.getloadavg()[0], own.estimate
+    load_average = settle(lambda: own.estimate + PHASE_LOAD_MARGIN, args.settle_timeout)
+    own_load = own.estimate
     before = (time.perf_counter(), machine_cpu(), server.cpu(), bench_cpu())
     samples, wall = asyncio.run(drive(server.url, server.model, mode, clients, args.requests,
                                       args.max_tokens, args.temperature))
@@ -472,6 +459,18 @@ def _table(rows: list[dict[str, Any]], names: list[str], modes: list[str],
     return lines
 
 
+def _program(command: str) -> str:
+    """A shell command's program: its first word that is not an environment assignment."""
+    return next((word for word in shlex.split(command) if "=" not in word), "")
+
+
+def _same_engine(peer: Server, first: Server) -> bool:
+    """Whether `peer` runs `first`'s program (a reconfigured copy of it, not another engine)."""
+    if not isinstance(peer.command, str) or not isinstance(first.command, str):
+        return False
+    return _program(peer.command) == _program(first.command)
+
+
 def _changes(peer: Server, first: Server) -> str:
     """What a peer's command adds to the first peer's (the one at its defaults)."""
     if not isinstance(peer.command, str) or not isinstance(first.command, str):
@@ -513,16 +512,19 @@ def report(phases: list[Phase], servers: list[Server], reasons: list[str],
         "| server | what ran | model |", "|---|---|---|",
     ]
     lines += [f"| {s.name} | `{s.describe()}` | `{s.model}` |" for s in servers]
-    headline = names[:2]
-    lines += ["", "## " + (f"Headline: pegmask and {headline[1]} (the first peer, run at its "
-                           "defaults but for what its command above sets)" if peers
-                           else "pegmask"), ""]
-    lines += _table(rows, headline, modes, clients)
-    if len(peers) > 1:
-        lines += ["", f"## Equalized: {', '.join(p.name for p in peers[1:])}", "",
+    # The headline: each other engine at its defaults (the first peer, and every later one
+    # that runs another program); the rest are the first peer's engine reconfigured.
+    engines = [p for k, p in enumerate(peers) if k == 0 or not _same_engine(p, peers[0])]
+    variants = [p for p in peers if p not in engines]
+    lines += ["", "## " + (f"Headline: pegmask and {', '.join(p.name for p in engines)} (each "
+                           "run at its defaults but for what its command above sets)"
+                           if peers else "pegmask"), ""]
+    lines += _table(rows, ["pegmask"] + [p.name for p in engines], modes, clients)
+    if variants:
+        lines += ["", f"## Equalized: {', '.join(p.name for p in variants)}", "",
                   f"What each command changes against {peers[0].name}'s:", ""]
-        lines += [f"- {p.name}: `{_changes(p, peers[0])}`" for p in peers[1:]]
-        lines += [""] + _table(rows, names[:1] + names[2:], modes, clients)
+        lines += [f"- {p.name}: `{_changes(p, peers[0])}`" for p in variants]
+        lines += [""] + _table(rows, ["pegmask"] + [p.name for p in variants], modes, clients)
     if peers:
         lines += ["", "Ratios, pegmask / peer (tokens/s):", "",
                   f"| pegmask / | {' | '.join(MODE_NAMES[m] for m in modes)} |",
@@ -620,7 +622,7 @@ def main(argv: list[str] | None = None) -> int:
                              "phase, for the load average to come down (seconds; default 300)")
     parser.add_argument("--allow-load", action="store_true",
                         help="exit 0 even when the load check fails (the report still says so)")
-    parser.add_argument("--out", type=Path, default=RESULTS / "serve.md")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "serve.md")
     args = parser.parse_args(argv)
     clients = [int(c) for c in args.clients.split(",")]
     modes = [m for m in args.modes.split(",") if m]
@@ -636,8 +638,7 @@ def main(argv: list[str] | None = None) -> int:
     servers = [pegmask, *peers]
     plan = [(c, m) for c in clients for m in modes]
 
-    settle(lambda: START_LOAD_LIMIT, args.settle_timeout)
-    start_load = os.getloadavg()[0]
+    start_load = settle(lambda: START_LOAD_LIMIT, args.settle_timeout)
     wait_quiet(args.settle_timeout)
     read_before = reporting.memory_read_speed()
     own = OwnLoad()

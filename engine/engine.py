@@ -197,9 +197,10 @@ class Engine:
     `draft_budget`: a step's rows get prompt-lookup drafts of their next tokens, checked in
     the same forward, while the step holds fewer tokens than this (engine/speculation.py; the
     output's distribution does not change; 0: none); `request_timeout_s` bounds a request's
-    time. `fp16_weights`, `bf16_weights` (the products' weights on the CPU, llama-family
-    models; both None: bfloat16 where the CPU has AMX, else float16; `fp16_weights=False`:
-    float32; `bf16_weights=True`: bfloat16, CPUs with AMX only): see engine/llama_runner.py.
+    time. `weights` (the products' weights on the CPU, llama-family models): "auto" runs a
+    GGUF file's quantized blocks for one-to-few-row steps and bfloat16 (CPUs with bfloat16
+    instructions) or float16 weights for the rest; "quantized", "bfloat16", "float16",
+    "float32" force one (engine/llama_runner.py).
     `max_model_len` bounds a request's prompt and output tokens together (default: the
     model's context); `kv_cache_bytes` the key/value cache of the running requests, each
     counted with its whole prompt and output budget for every choice: a request waits while
@@ -232,8 +233,7 @@ class Engine:
         prefix_cache: int = 4,
         draft_budget: int = 48,
         request_timeout_s: float | None = None,
-        fp16_weights: bool | None = None,
-        bf16_weights: bool | None = None,
+        weights: str = "auto",
         strict_tool_arguments: bool = True,
         max_model_len: int | None = None,
         kv_cache_bytes: int | None = DEFAULT_KV_CACHE_BYTES,
@@ -283,7 +283,7 @@ class Engine:
         # A large request's prompt is made on the background lane, with a tokenizer of its own.
         self.background = BackgroundLane()
         self._background_encode: Callable[..., list[int]] | None = None
-        self.runner = self.backend.runner(fp16_weights=fp16_weights, bf16_weights=bf16_weights)
+        self.runner = self.backend.runner(weights=weights)
         kv_cache_tokens = None
         if kv_cache_bytes is not None:
             kv_cache_tokens = kv_cache_bytes // self.runner.token_bytes

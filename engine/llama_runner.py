@@ -6,18 +6,22 @@ without copying every row, and on CPUs the products it issues (float32, one per 
 `(rows, hidden)` with few rows) are MKL's slow small-batch case. Here:
 
 * the weights are read from the loaded transformers model once; the q/k/v projections are one
-  product, gate/up another; on a CPU with AMX they are prepacked for oneDNN's bfloat16 kernel
-  (`bf16_weights`, the default there: rows and weights rounded to bfloat16, float32
-  accumulation; keys and values cached in bfloat16), as fast as float16 weights at one row and
-  1.5-2.3x faster at 8-32, prefill 2.8x; elsewhere for FBGEMM's float16-weight kernel
-  (`fp16_weights`: float32 activations and accumulation; weights rounded to float16, which a
-  GGUF checkpoint's 4-bit blocks lose nothing to in practice), 3-5x faster than float32 at
-  1-32 rows on a Xeon, and on an AVX2-only AMD EPYC 3x at 1-8 rows and 1.9x at 32, where the
-  products are bound by arithmetic (there oneDNN's prepacked float32 and torch's bfloat16
-  `F.linear`, without bfloat16 instructions, are slower than float16 weights too).
-  bfloat16's bound, measured on SmolLM2 (tests/test_runner.py checks it): greedy picks,
-  teacher-forced on float32's, agree on 98% of steps, and where they differ float32's own best
-  two were within 0.13 of each other (near-ties); float16 weights agree on all;
+  product, gate/up another. On a CPU a product's weights take the form that is fastest for
+  the step's row count (`weights`, `WEIGHT_MODES`). A step of a few rows reads every weight
+  once and is bound by the bytes read: a GGUF file's quantized blocks run as stored through
+  torch's int4 kernel (engine/quantized.py; Q4_1 is 0.625 bytes a weight, a float copy 2). A
+  step of many rows (a prompt chunk, a large batch) is bound by arithmetic: prepacked bfloat16
+  weights on CPUs with bfloat16 instructions (AMX or AVX512-BF16; oneDNN, rows rounded to
+  bfloat16, float32 accumulation; with AMX keys and values cached in bfloat16), FBGEMM's
+  float16-weight kernel elsewhere (float32 rows and accumulation; on an AVX2-only EPYC 3x
+  float32 at 1-8 rows). `auto` keeps the blocks and the float form. Measured on a 2-core
+  AVX512-BF16 EPYC (SmolLM2, fastest of 20 steps): one row 6.9 ms quantized, 9.8 float16,
+  11.7 bfloat16; 32 one-token rows 33.2 bfloat16, 37.8 float16; a 256-token prompt chunk
+  2,499 tokens/s bfloat16, 1,635 float16, 1,211 quantized.
+  Rounding's bound, measured on SmolLM2 (tests/test_runner.py checks it for every rounded
+  mode): greedy picks, teacher-forced on float32's, agree on 98% of steps, and where they
+  differ float32's own best two were within 0.13 of each other (near-ties); float16 weights
+  agree on all;
 * every token of every sequence in a step is one row of the same products (a prompt chunk of
   one sequence next to the sampled and forced tokens of each other sequence); attention reads
   each cache once a step (`_AttentionPlan`): a saved prompt prefix shared by sequences once for
@@ -38,6 +42,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from pegmask.engine.quantized import GGUFWeights, QuantizedWeight
 from pegmask.engine.runner import Chunk, attention_heads
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -56,20 +61,34 @@ def supports(model: Any) -> bool:
     return not (uses_window and window and window < config.max_position_embeddings)
 
 
+# Steps of at most this many rows use a weight's quantized blocks where it has them; longer
+# ones its float copy (when kept). On a 2-core AVX512-BF16 EPYC, SmolLM2's five product shapes
+# (one thread, fastest of 30): 1 row int4 0.90 ms, bfloat16 prepacked 1.46, float16 weights
+# 1.64; 4 rows 1.5 against 2.1 (float16); 8 rows 3.2 against 2.4 (bfloat16).
+QUANTIZED_ROWS = 4
+
+
 class _Linear:
     """y = x W^T + b for float32 rows, with W kept in the product's format on the CPU: prepacked
-    for oneDNN's bfloat16 kernel ("bfloat16": rows rounded to bfloat16, float32 accumulation,
-    AMX), prepacked for FBGEMM's float16-weight kernel ("float16": float32 rows and
-    accumulation), or as it is ("float32")."""
+    for oneDNN's bfloat16 kernel ("bfloat16": rows rounded to bfloat16, float32 accumulation),
+    prepacked for FBGEMM's float16-weight kernel ("float16": float32 rows and accumulation),
+    as it is ("float32"), or none (None: `quantized` only); and, where given, a GGUF file's
+    quantized blocks (`quantized`), used for steps of at most `QUANTIZED_ROWS` rows."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, weight_format: str):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None,
+                 weight_format: str | None, quantized: QuantizedWeight | None = None):
         self.format = weight_format
         self.bias = bias
-        if weight_format == "bfloat16":
+        self.quantized = quantized
+        self.weight: torch.Tensor | None
+        if weight_format is None:
+            if quantized is None:
+                raise ValueError("a product needs a float format or quantized blocks")
+            self.weight = None
+        elif weight_format == "bfloat16":
             self.weight = _prepack_bf16(weight)
         elif weight_format == "float16":
-            self.weight = torch.ops.quantized.linear_prepack_fp16(weight.float(), bias)
-            self.bias = None
+            self.weight = torch.ops.quantized.linear_prepack_fp16(weight.float(), None)
         else:
             self.weight = weight.contiguous()
 
@@ -84,9 +103,13 @@ class _Linear:
         if self.bias is not None:
             residual.add_(self.bias)
 
+    def uses_quantized(self, rows: int) -> bool:
+        return self.quantized is not None and (self.weight is None or rows <= QUANTIZED_ROWS)
+
     def _product(self, x: torch.Tensor) -> torch.Tensor:
-        """x W^T in the product's output dtype (float32, or bfloat16), without the bias where
-        it is separate."""
+        """x W^T in the product's output dtype (float32, or bfloat16), without the bias."""
+        if self.uses_quantized(x.shape[0]):
+            return self.quantized(x)  # type: ignore[misc]
         if self.format == "float16":
             return torch.ops.quantized.linear_dynamic_fp16(x, self.weight)
         if self.format == "bfloat16":
@@ -101,19 +124,23 @@ class _GatedMLP:
     bfloat16 rows as the down projection reads them, with no float32 copy of the gate and up
     products and no separate activation or multiplication (in the same process, 32 one-token
     rows: 46.6 -> 45.8 ms a step; the activation is taken before rounding, closer to
-    float32's). Elsewhere (or with biases) one product of both, then the activation and
-    multiplication."""
+    float32's). Elsewhere (or with biases, or on quantized blocks) one product of both, then
+    the activation and multiplication."""
 
-    def __init__(self, gate: Any, up: Any, weight_format: str):
+    def __init__(self, gate: Any, up: Any, weight_format: str | None,
+                 quantized: QuantizedWeight | None = None):
         self.fused = weight_format == "bfloat16" and gate.bias is None and up.bias is None
         if self.fused:  # oneDNN-prepacked weights, each product called with its post-op
             self.gate, self.up = _prepack_bf16(gate.weight), _prepack_bf16(up.weight)
-        else:
+        # one product of both: the float one where not fused, the quantized one where given
+        self.gate_up: _Linear | None = None
+        if quantized is not None or not self.fused:
             self.gate_up = _Linear(torch.cat([gate.weight, up.weight]), _cat_bias(gate, up),
-                                   weight_format)
+                                   None if self.fused else weight_format, quantized)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.fused:
+        few = x.shape[0] <= QUANTIZED_ROWS
+        if self.gate_up is not None and (not self.fused or few and self.gate_up.quantized):
             gate, up = self.gate_up(x).chunk(2, dim=-1)
             return F.silu(gate) * up
         x = x.to(torch.bfloat16)
@@ -122,7 +149,7 @@ class _GatedMLP:
 
 
 def _prepack_bf16(weight: torch.Tensor) -> torch.Tensor:
-    """`weight` rounded to bfloat16 and laid out for oneDNN's product (AMX)."""
+    """`weight` rounded to bfloat16 and laid out for oneDNN's product."""
     return torch.ops.mkldnn._reorder_linear_weight(weight.bfloat16(), None)
 
 
@@ -135,11 +162,13 @@ def _fp16_kernel_available() -> bool:
 
 
 def bf16_kernel_available() -> bool:
-    """Whether this CPU has AMX for oneDNN's bfloat16 products: there, at 8 / 16 / 32 rows,
-    the 30 layers' products of SmolLM2 take 13.5 / 15.1 / 17.3 ms against 19.9 / 28.8 / 39.2
-    with float16 weights (12.6 against 12.1 at one row)."""
+    """Whether this CPU has bfloat16 instructions for oneDNN's products: AMX (at 8 / 16 / 32
+    rows, the 30 layers' products of SmolLM2 take 13.5 / 15.1 / 17.3 ms against 19.9 / 28.8 /
+    39.2 with float16 weights on a Xeon) or AVX512-BF16 (a 2-core EPYC: SmolLM2's five product
+    shapes at 32 / 128 rows, one thread, 6.0 / 18.3 ms against 17.8+ / 227 with float16
+    weights)."""
     try:
-        if not torch.cpu._is_amx_tile_supported():
+        if not (_amx() or torch.cpu._is_avx512_bf16_supported()):
             return False
         weight = _prepack_bf16(torch.zeros(16, 16))
         torch.ops.mkldnn._linear_pointwise(torch.zeros(1, 16, dtype=torch.bfloat16), weight,
@@ -147,6 +176,16 @@ def bf16_kernel_available() -> bool:
     except (RuntimeError, AttributeError):
         return False
     return True
+
+
+def _amx() -> bool:
+    return bool(torch.cpu._is_amx_tile_supported())
+
+
+def int4_kernel_fast() -> bool:
+    """Whether torch's int4 weight-only kernel runs its vectorized AVX-512 path here (it is the
+    one measured; elsewhere `auto` keeps to float weights)."""
+    return torch.backends.cpu.get_cpu_capability() in ("AVX512", "AMX")
 
 
 @dataclass
@@ -169,14 +208,31 @@ def _cat_bias(*linears: Any) -> torch.Tensor | None:
                       for b, lin in zip(biases, linears, strict=True)])
 
 
+# `weights`: what the products multiply by on a CPU (a GPU runs the model's own dtype).
+WEIGHT_MODES = ("auto", "quantized", "bfloat16", "float16", "float32")
+
+
+def float_format(weights: str) -> str:
+    """The float format of a CPU's many-row products for a `weights` mode: bfloat16 where the
+    CPU has bfloat16 instructions, else float16 (FBGEMM), else float32."""
+    if weights in ("bfloat16", "float16", "float32"):
+        return weights
+    if bf16_kernel_available():
+        return "bfloat16"
+    return "float16" if _fp16_kernel_available() else "float32"
+
+
 class LlamaWeights:
     """The weights `LlamaRunner` computes with, read once from a transformers model and shared
-    by every runner of that model (see the module docstring for `fp16_weights` and
-    `bf16_weights`; both None: bfloat16 on a CPU with AMX, else float16 on the CPU;
-    `fp16_weights=False`: float32)."""
+    by every runner of that model. `weights` (see the module docstring): "auto" keeps a GGUF
+    file's quantized blocks (`gguf`) for steps of few rows where torch's int4 kernel is fast
+    here, and the float format (`float_format`) for the rest; "quantized" keeps the blocks
+    alone (every step through them; tensors whose format has no int4 form stay float);
+    "bfloat16", "float16", "float32" keep that float format alone."""
 
-    def __init__(self, model: Any, *, fp16_weights: bool | None = None,
-                 bf16_weights: bool | None = None):
+    def __init__(self, model: Any, *, weights: str = "auto", gguf: GGUFWeights | None = None):
+        if weights not in WEIGHT_MODES:
+            raise ValueError(f"weights must be one of {', '.join(WEIGHT_MODES)}, not {weights!r}")
         config = model.config
         self.device: torch.device = model.device
         self.dtype: torch.dtype = model.dtype
@@ -185,27 +241,32 @@ class LlamaWeights:
         self.eps = config.rms_norm_eps
         self.context = int(config.max_position_embeddings)
         on_cpu = self.device.type == "cpu" and self.dtype == torch.float32
-        if fp16_weights and bf16_weights:
-            raise ValueError("fp16_weights and bf16_weights exclude each other")
-        if bf16_weights and on_cpu and not bf16_kernel_available():
-            raise ValueError("bf16_weights needs a CPU with AMX (this one has none)")
-        if bf16_weights is None and fp16_weights is None:
-            bf16_weights = on_cpu and bf16_kernel_available()
-        if fp16_weights is None:
-            fp16_weights = on_cpu and not bf16_weights and _fp16_kernel_available()
-        self.weight_format = ("bfloat16" if bf16_weights and on_cpu else
-                              "float16" if fp16_weights and on_cpu else "float32")
-        # With bfloat16 products the rows are rounded to bfloat16 anyway: keys and values are
-        # kept so too, which halves what attention reads (the bound of a CPU decode step).
-        self.cache_dtype = torch.bfloat16 if self.weight_format == "bfloat16" else self.dtype
+        if weights == "bfloat16" and on_cpu and not bf16_kernel_available():
+            raise ValueError("bfloat16 weights need a CPU with bfloat16 instructions (AMX or "
+                             "AVX512-BF16; this one has neither)")
+        if weights == "quantized" and not (on_cpu and gguf is not None):
+            raise ValueError("quantized weights need a GGUF model on the CPU")
+        self.quantized = weights == "quantized" or (
+            weights == "auto" and on_cpu and gguf is not None and int4_kernel_fast())
+        self.weight_format = float_format(weights) if on_cpu else "float32"
+        blocks = gguf if self.quantized else None
+        # With bfloat16 products the rows are rounded to bfloat16 anyway: on a CPU with AMX
+        # keys and values are kept so too, which halves what attention reads (the bound of a
+        # CPU decode step). Without AMX the attention kernel is slower on bfloat16 than the
+        # reads it saves (a 2-core AVX512-BF16 EPYC, SmolLM2, 32 one-token rows: 47.2 ms a
+        # step against 33.2 with a float32 cache).
+        self.cache_dtype = (torch.bfloat16 if self.weight_format == "bfloat16" and _amx()
+                            else self.dtype)
+        floats = None if weights == "quantized" else self.weight_format
         decoder = model.model
         with torch.no_grad():
             self.embed = decoder.embed_tokens.weight.detach()
-            self.layers = [self._layer(layer, self.weight_format) for layer in decoder.layers]
+            self.layers = [self._layer(layer, index, floats, blocks)
+                           for index, layer in enumerate(decoder.layers)]
             self.norm = decoder.norm.weight.detach()
             head = model.get_output_embeddings()
-            self.lm_head = _Linear(head.weight.detach(), getattr(head, "bias", None),
-                                  self.weight_format)
+            self.lm_head = self._linear(head.weight.detach(), getattr(head, "bias", None),
+                                        floats, blocks.output() if blocks else None)
             positions = torch.arange(self.context, device=self.device)[None]
             probe = torch.zeros(1, dtype=self.dtype, device=self.device)
             cos, sin = decoder.rotary_emb(probe, positions)
@@ -215,21 +276,37 @@ class LlamaWeights:
         self.cos = cos[0].to(self.dtype)  # (context, head_dim)
         self.sin_signed = torch.cat((-sin[0, :, :half], sin[0, :, half:]), dim=-1).to(self.dtype)
 
-    @staticmethod
-    def _layer(layer: Any, weight_format: str) -> _Layer:
+    def _linear(self, weight: torch.Tensor, bias: torch.Tensor | None, floats: str | None,
+                quantized: QuantizedWeight | None) -> _Linear:
+        """A product; with no float format it keeps the float weights only where the tensor
+        has no quantized form."""
+        return _Linear(weight, bias, floats or (None if quantized else self.weight_format),
+                       quantized)
+
+    def _layer(self, layer: Any, index: int, floats: str | None,
+               blocks: GGUFWeights | None) -> _Layer:
         attention, mlp = layer.self_attn, layer.mlp
         qkv = [attention.q_proj, attention.k_proj, attention.v_proj]
         q_norm = getattr(attention, "q_norm", None)
         k_norm = getattr(attention, "k_norm", None)
+
+        def quantized(product: str) -> QuantizedWeight | None:
+            return blocks.layer(index, product) if blocks else None
+
+        gate_up = quantized("gate_up")
         return _Layer(
             attention_norm=layer.input_layernorm.weight.detach(),
-            qkv=_Linear(torch.cat([p.weight for p in qkv]), _cat_bias(*qkv), weight_format),
+            qkv=self._linear(torch.cat([p.weight for p in qkv]), _cat_bias(*qkv), floats,
+                             quantized("qkv")),
             q_norm=None if q_norm is None else q_norm.weight.detach(),
             k_norm=None if k_norm is None else k_norm.weight.detach(),
-            out=_Linear(attention.o_proj.weight, attention.o_proj.bias, weight_format),
+            out=self._linear(attention.o_proj.weight, attention.o_proj.bias, floats,
+                             quantized("out")),
             mlp_norm=layer.post_attention_layernorm.weight.detach(),
-            gated=_GatedMLP(mlp.gate_proj, mlp.up_proj, weight_format),
-            down=_Linear(mlp.down_proj.weight, mlp.down_proj.bias, weight_format),
+            gated=_GatedMLP(mlp.gate_proj, mlp.up_proj,
+                            floats or (None if gate_up else self.weight_format), gate_up),
+            down=self._linear(mlp.down_proj.weight, mlp.down_proj.bias, floats,
+                              quantized("down")),
         )
 
 

@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 
 from pegmask.engine import llama_runner
-from pegmask.engine.runner import SequenceRunner, TransformersRunner
+from pegmask.engine.quantized import GGUFWeights
+from pegmask.engine.runner import SequenceRunner, TransformersRunner, attention_heads
 from pegmask.grammars.vocab import installed_package_dir
 
 if TYPE_CHECKING:
@@ -95,8 +96,10 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
 class ModelBackend:
     """A loaded causal LM with its tokenizer (see `load_backend`)."""
 
-    def __init__(self, model: Any, tokenizer: Any, path: Path, device: torch.device):
+    def __init__(self, model: Any, tokenizer: Any, path: Path, device: torch.device,
+                 gguf: Any = None):
         self.model = model
+        self.gguf = gguf  # the GGUF file's reader (its quantized blocks), None for a folder
         self.tokenizer = tokenizer
         self.path = path
         self.device = device
@@ -146,21 +149,22 @@ class ModelBackend:
 
         return encode
 
-    def runner(self, *, fp16_weights: bool | None = None,
-               bf16_weights: bool | None = None) -> SequenceRunner:
+    def runner(self, *, weights: str = "auto") -> SequenceRunner:
         """A new sequence runner (its own KV cache) over this model's weights: `LlamaRunner`
-        where the architecture allows (`fp16_weights`, `bf16_weights`: see
-        engine/llama_runner.py; both None: bfloat16 on a CPU with AMX, else float16),
+        where the architecture allows (`weights`: see engine/llama_runner.WEIGHT_MODES),
         transformers' forward otherwise."""
         if llama_runner.supports(self.model):
-            return llama_runner.LlamaRunner(self._llama_weights(fp16_weights, bf16_weights))
+            return llama_runner.LlamaRunner(self._llama_weights(weights))
         return TransformersRunner(self.model, self.device)
 
     @functools.cache  # noqa: B019 - backends live as long as the process (see _load)
-    def _llama_weights(self, fp16_weights: bool | None,
-                       bf16_weights: bool | None) -> llama_runner.LlamaWeights:
-        return _in_passing_thread(lambda: llama_runner.LlamaWeights(
-            self.model, fp16_weights=fp16_weights, bf16_weights=bf16_weights))
+    def _llama_weights(self, weights: str) -> llama_runner.LlamaWeights:
+        def build() -> llama_runner.LlamaWeights:
+            heads, kv_heads, _ = attention_heads(self.model.config)
+            blocks = None if self.gguf is None else GGUFWeights(self.gguf, heads, kv_heads)
+            return llama_runner.LlamaWeights(self.model, weights=weights, gguf=blocks)
+
+        return _in_passing_thread(build)
 
 
 def load_backend(
@@ -242,13 +246,18 @@ def _read(path: str, device: str, dtype: torch.dtype) -> ModelBackend:
     hf_logging.set_verbosity_error()  # GGUF loading prints progress bars and notes per tensor
     hf_logging.disable_progress_bar()
     try:
+        reader = None
         with _gguf_parsed_once() if location.is_file() else contextlib.nullcontext():
             tokenizer = AutoTokenizer.from_pretrained(**source)
             lm = AutoModelForCausalLM.from_pretrained(**source, dtype=dtype)
+            if location.is_file():
+                import gguf
+
+                reader = gguf.GGUFReader(location)  # the one transformers parsed
     except Exception as exc:  # noqa: BLE001 - whatever the reader raised, named for the user
         raise ModelLoadError(f"{location} could not be loaded: {exc}") from exc
     finally:
         hf_logging.set_verbosity(verbosity)
         hf_logging.enable_progress_bar()
     lm.to(device).eval()
-    return ModelBackend(lm, tokenizer, location, torch.device(device))
+    return ModelBackend(lm, tokenizer, location, torch.device(device), reader)

@@ -117,12 +117,16 @@ def _model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="GGUF file or local HF folder (default: SmolLM2-135M)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
     parser.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default auto)")
-    parser.add_argument("--weights", choices=("auto", "bfloat16", "float16", "float32"),
-                        default="auto",
-                        help="the CPU products' weights (llama-family float32 models): auto "
-                             "(default: bfloat16 where the CPU has AMX, else float16), bfloat16 "
-                             "(AMX only; greedy picks can differ from float32's at near-ties), "
-                             "float16 (float32 compute), float32")
+    # engine/llama_runner.WEIGHT_MODES, spelled out here: the CLI starts without importing torch
+    parser.add_argument("--weights", default="auto",
+                        choices=("auto", "quantized", "bfloat16", "float16", "float32"),
+                        help="the CPU products' weights (llama-family models): auto (default: "
+                             "a GGUF file's quantized blocks for steps of a few rows where "
+                             "torch's int4 kernel is fast, bfloat16 weights where the CPU has "
+                             "bfloat16 instructions, else float16, for the rest), quantized "
+                             "(the file's blocks for every step), bfloat16, float16 (float32 "
+                             "compute), float32; rounded formats can change greedy picks at "
+                             "near-ties (docs/serving.md)")
     parser.add_argument("--dialect", default="auto",
                         help="hermes, hermes-xml, harmony, llmjp-harmony, dsml (default: detect)")
     parser.add_argument("--threads", type=int, help="torch CPU threads")
@@ -229,10 +233,8 @@ def _engine(args: argparse.Namespace) -> Any:
                       if hasattr(args, name)}
     if args.kv_cache_memory_bytes is not None:  # else the engine's default
         engine_options["kv_cache_bytes"] = args.kv_cache_memory_bytes or None
-    weights = {"auto": {}, "bfloat16": {"bf16_weights": True},
-               "float16": {"fp16_weights": True}, "float32": {"fp16_weights": False}}[args.weights]
     return Engine(args.model, device=args.device, dtype=args.dtype, dialect=args.dialect,
-                  **weights,
+                  weights=args.weights,
                   max_running=args.max_running, max_queued=args.max_queued,
                   prefill_chunk=args.prefill_chunk, decode_first=args.decode_first,
                   prefix_cache=args.prefix_cache,
@@ -437,7 +439,7 @@ def _dialect(args: argparse.Namespace, _: list[str]) -> int:
     """Print the family `detect_dialect` picks and the format derived from the template (or why
     none derives), so that a user can check what a template's turns are taken to be."""
     from pegmask.dialects import DerivationError, detect_dialect
-    from pegmask.dialects.derive import derive_format
+    from pegmask.dialects.probe import derive_format
     from pegmask.dialects.templating import resolve_chat_template
 
     template = resolve_chat_template(args.template)

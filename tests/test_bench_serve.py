@@ -146,6 +146,21 @@ def test_serve_compare_verdict_and_tables() -> None:
     assert "| vllm | 20 / 160 | 20 / 160 (every call valid, 2/2) |" in text
     assert "| vllm | 2.00x / 2.00x | 2.00x / 2.00x |" in text
     assert _changes(servers[2], servers[1]) == "X=1 --dtype float32"
+    # another engine (another program) joins the headline; a reconfigured first peer does not
+    three = servers + [Server("llama.cpp", command="/x/llama-server -m F --port {port}")]
+    more = phases + [phase(s, c, m, t * c, 0.2) for c in (1, 8)
+                     for m in ("unconstrained", "constrained")
+                     for s, t in (("vllm-fp32", 10), ("llama.cpp", 80))]
+    text = report(more, [three[0], three[1], three[3], three[2]], [], {
+        "machine": reporting.machine(()), "start_load": 0.1, "command": "c", "max_tokens": 128,
+        "temperature": 0.7, "requests": 2, "blocks": False,
+        "read_speed": {"before": {64: 47.0}, "after": {64: 47.0}}},
+        [1, 8], ["unconstrained", "constrained"])
+    headline, equalized = text.split("## Headline")[1].split("## Equalized: vllm-fp32")
+    assert headline.startswith(": pegmask and vllm, llama.cpp")
+    assert "| llama.cpp | 80 / 640 |" in headline and "| vllm-fp32 |" not in headline
+    assert "- vllm-fp32: `X=1 --dtype float32`" in equalized
+    assert "| llama.cpp | 0.50x / 0.50x |" in equalized  # the ratios list every peer
     url, command = parse_peers(["up=http://127.0.0.1:8000/,pid=12"], ["mine=serve {port}"])
     assert (url.url, url.pid, url.started_here) == ("http://127.0.0.1:8000", 12, False)
     assert (command.command, command.started_here) == ("serve {port}", True)

@@ -91,7 +91,7 @@ def test_the_last_token_is_always_prefilled_and_a_shared_beginning_is_reused(run
 def test_a_prompt_sharing_part_of_a_kept_prefix_holds_only_that_part() -> None:
     """Its sequence is restored with the shared whole blocks only (not the kept prompt's rest)
     and decodes as a fresh prefill of it (float32: chunking changes the results by rounding)."""
-    runner = load_backend().runner(fp16_weights=False)
+    runner = load_backend().runner(weights="float32")
     cache = PrefixCache(runner, capacity=2, block=BLOCK)
     kept = prompt(10, 60)
     serve(cache, runner, kept)

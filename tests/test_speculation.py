@@ -65,8 +65,8 @@ def engines() -> Iterator[tuple[Engine, Engine]]:
     a near-tie (as batching does: engine/llama_runner.py); in float32 they agree to 1e-4.
     Grammars compile in the test's process (no worker processes left behind) and the engines
     are closed after the module."""
-    with (Engine(draft_budget=0, fp16_weights=False, compile_workers=0) as plain,
-          Engine(draft_budget=48, fp16_weights=False, compile_workers=0) as drafting):
+    with (Engine(draft_budget=0, weights="float32", compile_workers=0) as plain,
+          Engine(draft_budget=48, weights="float32", compile_workers=0) as drafting):
         yield plain, drafting
 
 
