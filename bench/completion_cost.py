@@ -66,11 +66,11 @@ def measure(compiler: GrammarCompiler, name: str, schema: object, text: str) -> 
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--schemas", type=int, default=12)
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "completion_cost.md")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     compiler = GrammarCompiler(Vocabulary.from_gguf(default_model_path()))
     cases = [tool_call_case(0), *load_cases(args.schemas)]
     rows = []

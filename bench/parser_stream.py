@@ -8,6 +8,7 @@ should not grow with the chunk size or the output length.
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 import statistics
@@ -59,7 +60,8 @@ def measure(grammar: Grammar, text: str, chunk: int, repeats: int = 5) -> list[f
     return times
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)  # no options
     grammar = Grammar.from_peg(CHAT_GRAMMAR)
     print("| output bytes | chunk | median ms | µs/byte |")
     print("|---|---|---|---|")

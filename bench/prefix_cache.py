@@ -63,13 +63,13 @@ def report(rounds: dict[str, list[dict[str, Any]]], requests: int, max_tokens: i
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "prefix_cache.md")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     engines = {"prefix cache": Engine(prefix_cache=4), "no prefix cache": Engine(prefix_cache=0)}
     rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in engines}
     for _ in range(args.rounds):
