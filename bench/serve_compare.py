@@ -14,7 +14,10 @@ time; time to first token: the first streamed piece of text or of a call (its na
 arguments). Modes: plain text (`unconstrained`), and a tool call (`constrained`: the serve
 bench's two tools, `tool_choice="required"`), where a request counts as valid when it holds at
 least one call and every call names one of the tools with arguments that validate (jsonschema)
-against that tool's schema.
+against that tool's schema. Prefill phases (`--prefill 560,2000`): one client sends fresh
+prompts of about that many tokens (the same texts to every server, none seen before, so no
+kept prefix skips them) with one output token, not streamed; their tokens/s are prompt tokens
+(as the server counted them) over the measured wall time.
 
 Servers: `pegmask serve` (started here), `--peer NAME=URL[,pid=PID]` (already running; its CPU
 time is read from PID's process tree, without which its phases cannot be checked), and
@@ -51,7 +54,7 @@ what their command changes against the first's.
 
     pegmask bench serve --compare [--peer NAME=URL[,pid=PID]]... [--peer-command NAME=CMD]...
         [--clients 1,8,32] [--modes unconstrained,constrained] [--max-tokens 128]
-        [--requests 2] [--blocks] [--settle-timeout 300] [--allow-load]
+        [--prefill 560,2000] [--requests 2] [--blocks] [--settle-timeout 300] [--allow-load]
         [--out bench/results/serve.md]
 """
 
@@ -61,6 +64,7 @@ import argparse
 import asyncio
 import math
 import os
+import random
 import shlex
 import signal
 import subprocess
@@ -327,15 +331,50 @@ def request_valid(sample: Sample) -> bool:
                         in zip(sample.names, sample.arguments, strict=True)], CHAT_TOOLS)
 
 
+PREFILL = "prefill-"  # a prefill phase's mode: PREFILL + the prompt's size in tokens
+PREFILL_WORDS = ("river", "mountain", "paper", "window", "orange", "violet", "silver", "table",
+                 "engine", "garden", "lantern", "harbor")
+
+
+def prefill_text(size: int, number: int) -> str:
+    """A prompt of about `size` tokens that no server has seen before in this run (a kept
+    prefix would skip its prefill), the same for every server: words with numbers, drawn
+    from a generator seeded by the size and the request's number."""
+    draw = random.Random(size * 1000 + number)
+    return " ".join(f"{draw.choice(PREFILL_WORDS)}{draw.randint(0, 99)}"
+                    for _ in range(size * 10 // 29))
+
+
+async def prefill_once(client: httpx.AsyncClient, model: str, size: int,
+                       number: int) -> Sample:
+    """One prompt, one output token, not streamed: the sample's tokens are its prompt's."""
+    body = {"model": model, "messages": [{"role": "user", "content": prefill_text(size, number)}],
+            "max_tokens": 1, "temperature": 0}
+    sample = Sample("chat", time.perf_counter())
+    try:
+        response = await client.post("/v1/chat/completions", json=body)
+        response.raise_for_status()
+        sample.tokens = int(response.json()["usage"]["prompt_tokens"])
+    except (httpx.HTTPError, KeyError, ValueError) as exc:
+        sample.error = f"{type(exc).__name__}: {exc}"[:200]
+    sample.ended = time.perf_counter()
+    sample.piece_times.append(sample.ended)
+    return sample
+
+
 async def drive(url: str, model: str, mode: str, clients: int, requests: int,
                 max_tokens: int, temperature: float) -> tuple[list[Sample], float]:
     """The protocol: every client one warm-up request (together), then `requests` each, back
-    to back; (the measured samples, their wall time)."""
+    to back; (the measured samples, their wall time). A prefill phase's requests are fresh
+    prompts with one output token, so its tokens/s are prompt tokens/s."""
     sampling = {"temperature": temperature, "ignore_eos": True}
     limits = httpx.Limits(max_connections=clients + 4)
     async with httpx.AsyncClient(base_url=url, timeout=None, limits=limits) as client:
 
         async def send(index: int, number: int) -> Sample:
+            if mode.startswith(PREFILL):
+                return await prefill_once(client, model, int(mode[len(PREFILL):]),
+                                          index * (requests + 1) + number)
             question = QUESTIONS[(index + number) % len(QUESTIONS)]
             path, body = request_body("chat", question, mode, max_tokens, model, None, sampling)
             return await stream_once(client, "chat", path, body)
@@ -537,6 +576,10 @@ def report(phases: list[Phase], servers: list[Server], reasons: list[str],
                 cells.append(" / ".join(f"{a / b:.2f}x" if b else "-"
                                         for a, b in zip(ours, theirs, strict=True)))
             lines.append(f"| {peer.name} | " + " | ".join(cells) + " |")
+    prefill = sorted({r["mode"] for r in rows if r["mode"].startswith(PREFILL)},
+                     key=lambda m: int(m[len(PREFILL):]))
+    if prefill:
+        lines += _prefill_lines(rows, names, prefill)
     ttft_clients = 8 if 8 in clients else max(clients)
     lines += ["", f"Time to first token, p50 at {ttft_clients} clients:", "",
               "| server | " + " | ".join(MODE_NAMES[m] for m in modes) + " |",
@@ -565,6 +608,31 @@ def report(phases: list[Phase], servers: list[Server], reasons: list[str],
     if errors:
         lines += ["", "Errors seen: " + "; ".join(errors[:6])]
     return "\n".join(lines) + "\n"
+
+
+def _prefill_lines(rows: list[dict[str, Any]], names: list[str],
+                   modes: list[str]) -> list[str]:
+    """The prefill phases: prompt tokens/s per server and prompt size, and pegmask's ratio."""
+    def cell(name: str, mode: str) -> dict[str, Any]:
+        return next(r for r in rows if (r["server"], r["mode"]) == (name, mode))
+
+    sizes = [m[len(PREFILL):] for m in modes]
+    lines = ["", f"Prefill, one request at a time (fresh prompts of about {' / '.join(sizes)} "
+             "tokens, one output token; prompt tokens/s over the measured wall time, as the "
+             "server counted the prompt):", "",
+             "| server | " + " | ".join(f"~{size} tokens" for size in sizes) + " |",
+             "|---|" + "---|" * len(modes)]
+    for name in names:
+        cells = []
+        for mode in modes:
+            row, ours = cell(name, mode), cell("pegmask", mode)
+            text = (f"{row['tokens_per_s']:.0f} ({row['tokens'] // max(1, row['requests'])} "
+                    "tokens)")
+            if name != "pegmask" and row["tokens_per_s"]:
+                text += f", pegmask {ours['tokens_per_s'] / row['tokens_per_s']:.2f}x"
+            cells.append(text if not row["errors"] else text + f", {row['errors']} errors")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def _read_speed_lines(speeds: dict[str, dict[int, float]], cache: str | None) -> list[str]:
@@ -613,6 +681,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--requests", type=int, default=2, help="measured requests per client")
     parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--prefill", default="560,2000",
+                        help="prompt sizes (tokens) of the prefill phases, one client each "
+                             "('' for none)")
     parser.add_argument("--blocks", action="store_true",
                         help="each server started, measured and stopped in turn (no pausing)")
     parser.add_argument("--ready-timeout", type=float, default=1800.0,
@@ -637,6 +708,7 @@ def main(argv: list[str] | None = None) -> int:
                      label=shlex.join(["pegmask", "serve", *extra]))
     servers = [pegmask, *peers]
     plan = [(c, m) for c in clients for m in modes]
+    plan += [(1, f"{PREFILL}{int(size)}") for size in args.prefill.split(",") if size]
 
     start_load = settle(lambda: START_LOAD_LIMIT, args.settle_timeout)
     wait_quiet(args.settle_timeout)

@@ -37,11 +37,11 @@ if [ -n "$VENV" ]; then
 fi
 if [ -n "$LLAMA" ]; then
     GGUF=$("$PYTHON" -c "from pegmask.engine.model import default_model_path; print(default_model_path())")
-    # The same Q4_1 file, one thread per core, 32 slots of 1,024 tokens (the longest request
-    # here is ~600). Not defaults, and why: SmolLM2's own template renders no tools, so
+    # The same Q4_1 file, one thread per core, 32 slots of 3,072 tokens (the prefill phase's
+    # longest prompt is ~2,000). Not defaults, and why: SmolLM2's own template renders no tools, so
     # llama.cpp is given a Hermes template of the same ChatML framing (Qwen2.5's, in
     # data/templates) with --jinja, without which it ignores `tools`.
-    LLAMA_CMD="$LLAMA -m $GGUF --host 127.0.0.1 --port {port} -t $(nproc) -np 32 -c 32768 --jinja --chat-template-file data/templates/Qwen-Qwen2.5-7B-Instruct.jinja"
+    LLAMA_CMD="$LLAMA -m $GGUF --host 127.0.0.1 --port {port} -t $(nproc) -np 32 -c 98304 --jinja --chat-template-file data/templates/Qwen-Qwen2.5-7B-Instruct.jinja"
     PEERS+=(--peer-command "llama.cpp=$LLAMA_CMD")
 fi
 if [ -n "$VENV" ]; then

@@ -60,17 +60,22 @@ def test_serve_compare_against_pegmask_as_peer(tmp_path: Path) -> None:
     peer = (f"{shlex.quote(sys.executable)} -m pegmask.cli serve --host 127.0.0.1 "
             "--port {port} --log-level warning")
     code, data, text = _compare(tmp_path, "--peer-command", f"twin={peer}",
-                                "--max-tokens", "24", "--allow-load")
+                                "--max-tokens", "24", "--prefill", "120", "--allow-load")
     assert code == 0
     rows = {(p["server"], p["mode"]): p for p in data["phases"]}
     assert set(rows) == {(s, m) for s in ("pegmask", "twin")
-                         for m in ("constrained", "unconstrained")}
+                         for m in ("constrained", "unconstrained", "prefill-120")}
     for row in rows.values():
         assert row["errors"] == 0 and row["requests"] == 1 and row["tokens"] > 0
         # The server's process tree did the decoding: its CPU time is measured.
         assert row["server_cpu_s"] > 0 and row["other_cpu_s"] is not None
     assert rows[("pegmask", "constrained")]["valid"] == rows[("twin", "constrained")]["valid"] == 1
     assert rows[("pegmask", "unconstrained")]["tokens"] == 24  # ignore_eos
+    # a prefill phase counts the prompt's tokens (about the size asked), the same for both
+    prompt = rows[("pegmask", "prefill-120")]["tokens"]
+    assert 60 < prompt < 240 and rows[("twin", "prefill-120")]["tokens"] == prompt
+    assert "Prefill, one request at a time (fresh prompts of about 120 tokens" in text
+    assert f"({prompt} tokens), pegmask " in text
     assert data["publishable"] == (not data["reasons"])
     assert "| tokens/s at 1 clients | plain text | tool call" in text
     assert "| pegmask | " in text and "| twin | " in text and "every call valid, 1/1" in text
@@ -84,7 +89,7 @@ def test_serve_compare_refuses_a_busy_machine(tmp_path: Path) -> None:
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         code, data, text = _compare(tmp_path, "--modes", "unconstrained", "--max-tokens", "8",
-                                    "--blocks")
+                                    "--prefill", "", "--blocks")
     finally:
         busy.kill()
         busy.wait()
