@@ -276,12 +276,14 @@ class LlamaWeights:
         self.cos = cos[0].to(self.dtype)  # (context, head_dim)
         self.sin_signed = torch.cat((-sin[0, :, :half], sin[0, :, half:]), dim=-1).to(self.dtype)
 
+    def _float_form(self, floats: str | None, quantized: QuantizedWeight | None) -> str | None:
+        """A product's float format: `floats`, or with none (quantized weights alone) the
+        weights' own format where the tensor has no quantized form."""
+        return floats or (None if quantized else self.weight_format)
+
     def _linear(self, weight: torch.Tensor, bias: torch.Tensor | None, floats: str | None,
                 quantized: QuantizedWeight | None) -> _Linear:
-        """A product; with no float format it keeps the float weights only where the tensor
-        has no quantized form."""
-        return _Linear(weight, bias, floats or (None if quantized else self.weight_format),
-                       quantized)
+        return _Linear(weight, bias, self._float_form(floats, quantized), quantized)
 
     def _layer(self, layer: Any, index: int, floats: str | None,
                blocks: GGUFWeights | None) -> _Layer:
@@ -303,8 +305,8 @@ class LlamaWeights:
             out=self._linear(attention.o_proj.weight, attention.o_proj.bias, floats,
                              quantized("out")),
             mlp_norm=layer.post_attention_layernorm.weight.detach(),
-            gated=_GatedMLP(mlp.gate_proj, mlp.up_proj,
-                            floats or (None if gate_up else self.weight_format), gate_up),
+            gated=_GatedMLP(mlp.gate_proj, mlp.up_proj, self._float_form(floats, gate_up),
+                            gate_up),
             down=self._linear(mlp.down_proj.weight, mlp.down_proj.bias, floats,
                               quantized("down")),
         )

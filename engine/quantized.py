@@ -169,11 +169,6 @@ class QuantizedWeight:
             scales_zeros = torch.stack([step, zero], dim=-1).to(torch.bfloat16).contiguous()
             self.planes.append((packed, scales_zeros))
 
-    @property
-    def nbytes(self) -> int:
-        return sum(p.numel() * p.element_size() + s.numel() * s.element_size()
-                   for p, s in self.planes)
-
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.to(torch.bfloat16)
         out: torch.Tensor | None = None

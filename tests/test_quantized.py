@@ -12,6 +12,7 @@ from gguf.quants import dequantize
 
 from pegmask.engine.model import load_backend
 from pegmask.engine.quantized import (
+    LAYER_TENSORS,
     SUPPORTED_FORMATS,
     AffineGroups,
     GGUFWeights,
@@ -97,9 +98,7 @@ def test_smollm2_blocks_are_the_weights_transformers_loaded() -> None:
         "down": mlp.down_proj.weight,
     }
     for product, weight in expected.items():
-        names = [f"blk.3.{name}.weight" for name in
-                 {"qkv": ("attn_q", "attn_k", "attn_v"), "out": ("attn_output",),
-                  "gate_up": ("ffn_gate", "ffn_up"), "down": ("ffn_down",)}[product]]
+        names = [f"blk.3.{name}.weight" for name in LAYER_TENSORS[product]]
         groups = [blocks._groups(name) for name in names]
         ours = np.concatenate([g.dequantize() for g in groups])
         np.testing.assert_allclose(ours, weight.detach().numpy(), rtol=0, atol=1e-6)

@@ -20,6 +20,7 @@ from transformers import (
 )
 
 from pegmask.engine.llama_runner import (
+    WEIGHT_MODES,
     LlamaRunner,
     LlamaWeights,
     _SharedPrefix,
@@ -287,6 +288,15 @@ def test_the_default_weights_follow_the_cpu() -> None:
     if not bf16_kernel_available():  # asking for them is a clear error, not a slow fallback
         with pytest.raises(ValueError, match="bfloat16 instructions"):
             backend.runner(weights="bfloat16")
+
+
+def test_the_command_line_offers_every_weight_mode() -> None:
+    """pegmask/cli.py spells the modes out (it starts without importing torch)."""
+    from pegmask.cli import _parser
+
+    serve = _parser()._subparsers._group_actions[0].choices["serve"]
+    weights = next(a for a in serve._actions if a.dest == "weights")
+    assert tuple(weights.choices) == WEIGHT_MODES
 
 
 def test_quantized_weights_need_a_gguf_file() -> None:
