@@ -99,7 +99,10 @@ class _Linear:
     def add_to(self, residual: torch.Tensor, x: torch.Tensor) -> None:
         """residual += x W^T + b in place: a bfloat16 product is added as it is, without a
         float32 copy of it first (the same sum; 2 of a layer's 4 conversions)."""
-        residual.add_(self._product(x))
+        if self.uses_quantized(x.shape[0]):
+            self.quantized.add_to(residual, x)  # type: ignore[union-attr]
+        else:
+            residual.add_(self._product(x))
         if self.bias is not None:
             residual.add_(self.bias)
 

@@ -151,7 +151,6 @@ class QuantizedWeight:
         values = groups.values.astype(np.int32)
         scale = torch.from_numpy(groups.scale.T.copy())  # (groups, N) as the kernel reads
         offset = torch.from_numpy(groups.offset.T.copy())
-        self.planes: list[tuple[torch.Tensor, torch.Tensor]] = []
         # Each plane's weights centred on its own range, the rest of the offset carried by
         # the first: no plane adds a large constant that another takes away (the kernel
         # rounds each product to bfloat16). A plane of fewer than 16 levels (a 5-bit value's
@@ -159,24 +158,36 @@ class QuantizedWeight:
         levels = [min(16, 2 ** (groups.bits - 4 * p)) for p in range((groups.bits + 3) // 4)]
         centres = [(n - 1) / 2 for n in levels]
         rest = offset + scale * sum(16**p * c for p, c in enumerate(centres))
+        nibbles, pairs = [], []
         for p, (count, centre) in enumerate(zip(levels, centres, strict=True)):
             shift = 8 - count // 2
             nibble = torch.from_numpy(((values >> (4 * p)) & 0x0F) + shift).contiguous()
-            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(nibble, 1)
+            nibbles.append(nibble)
             step = scale * 16**p
             # the kernel computes (q + shift - 8) * step + zero = (q - centre) * step (+ rest)
             zero = (count // 2 - centre) * step + (rest if p == 0 else 0)
-            scales_zeros = torch.stack([step, zero], dim=-1).to(torch.bfloat16).contiguous()
-            self.planes.append((packed, scales_zeros))
+            pairs.append(torch.stack([step, zero], dim=-1).to(torch.bfloat16))
+        # the planes stacked as one weight of planes * N rows: one kernel call a product
+        self.planes = len(nibbles)
+        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(torch.cat(nibbles), 1)
+        self.scales_zeros = torch.cat(pairs, dim=1).contiguous()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.to(torch.bfloat16)
-        out: torch.Tensor | None = None
-        for packed, scales_zeros in self.planes:
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, packed, GROUP, scales_zeros)
-            out = y.float() if out is None else out.add_(y)
-        assert out is not None
+        y = self._planes(x)
+        out = y[:, : self.rows].float()
+        for p in range(1, self.planes):
+            out.add_(y[:, p * self.rows : (p + 1) * self.rows])
         return out
+
+    def add_to(self, residual: torch.Tensor, x: torch.Tensor) -> None:
+        """residual += x W^T: one plane's bfloat16 product added as it is (the same sum as
+        adding its float32 copy, without the copy)."""
+        residual.add_(self._planes(x) if self.planes == 1 else self(x))
+
+    def _planes(self, x: torch.Tensor) -> torch.Tensor:
+        """Every plane's bfloat16 product, side by side: (rows, planes * N)."""
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(
+            x.to(torch.bfloat16), self.packed, GROUP, self.scales_zeros)
 
     def dequantize(self) -> torch.Tensor:
         """The float32 (N, K) matrix the products multiply by (scales and zeros in bfloat16):

@@ -57,7 +57,7 @@ def test_int4_planes_multiply_like_bfloat16(kind: str) -> None:
     matrix = torch.from_numpy(dequantize(raw, gguf.GGMLQuantizationType[kind])
                               .reshape(ROWS, COLUMNS))
     weight = QuantizedWeight(affine_groups(kind, raw, COLUMNS))
-    assert len(weight.planes) == (1 if kind in ("Q4_0", "Q4_1", "Q4_K") else 2)
+    assert weight.planes == (1 if kind in ("Q4_0", "Q4_1", "Q4_K") else 2)
     x = torch.randn(5, COLUMNS, generator=torch.Generator().manual_seed(2))
     exact = x @ matrix.T
     bf16 = (x.bfloat16() @ matrix.bfloat16().T).float()
@@ -105,7 +105,7 @@ def test_smollm2_blocks_are_the_weights_transformers_loaded() -> None:
         assert blocks.layer(3, product).rows == weight.shape[0]
     output = blocks.output()
     assert output is not None and output.rows == backend.model.config.vocab_size
-    assert len(output.planes) == 2  # Q8_0: two 4-bit planes
+    assert output.planes == 2  # Q8_0: two 4-bit planes
     x = torch.randn(2, output.columns)
     head = backend.model.get_output_embeddings().weight
     torch.testing.assert_close(output(x), x @ head.detach().T, rtol=0.02, atol=0.05)
