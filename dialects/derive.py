@@ -22,6 +22,7 @@ from pegmask.dialects import quoted_values
 from pegmask.dialects.addressed import addressed_root
 from pegmask.dialects.base import TurnDialect, peg_literal
 from pegmask.dialects.probe import ID_SLOT, INDEX_SLOT, DerivationError, TurnFormat, derive_format
+from pegmask.dialects.pythonic import PythonicDialect
 from pegmask.dialects.textdiff import TOKEN
 
 DERIVED = "derived"
@@ -73,8 +74,9 @@ class DerivedDialect(TurnDialect):
     priority = 10_000
     #: the format's sections, instead of a `.peg` file
     peg_text: ClassVar[str] = ""
-    #: values in the quoted syntax (a format's `quote`: any `<|x|>` token where a value starts)
-    value_readers = {"quoted": quoted_values.read_value}
+    #: values in the quoted syntax (a format's `quote`: any `<|x|>` token where a value starts),
+    #: and Python literals (a pythonic call list)
+    value_readers = {"quoted": quoted_values.read_value, **PythonicDialect.value_readers}
 
     def __init__(self, turn: TurnFormat, **options: Any):
         if turn.think_close is None:
@@ -83,20 +85,31 @@ class DerivedDialect(TurnDialect):
             options["reasoning"] = turn.reasoning_default
         super().__init__(**options)
         self.format = turn
+        # a pythonic call list: the pythonic family's grammar pieces, framed as derived
+        self.python = _pythonic(turn) if turn.arguments == "python" else None
         self.STRICT_WS = f"[ \\t\\r\\n]{{0,{turn.layout}}}"
         # what a family declares as class attributes, this dialect has from its format
         self.reasons = turn.think_close is not None
         self.raw_until = turn.quote or turn.param_close.rstrip() \
             if turn.arguments == "params" else None
-        self._sections = _sections(turn)
-        # a bare JSON call is a whole turn: an answer cannot start like one (Llama 3's)
-        self.calls_alone = turn.bare
-        self.answer_rule = "answer" if turn.bare else "text"
+        self._sections = _sections(turn) if self.python is None else \
+            _python_sections(turn, self.python)
+        # a bare JSON call or call list is a whole turn: an answer cannot start like one
+        self.calls_alone = turn.bare or (self.python is not None and self.python.calls_alone)
+        self.answer_rule = "answer" if self.calls_alone else "text"
         opening = first_piece(turn.open or turn.head or turn.sep)
-        self.word_stop = None if turn.bare or TOKEN.fullmatch(opening) else opening
+        self.word_stop = None if self.calls_alone or TOKEN.fullmatch(opening) else opening
 
     def sections(self) -> dict[str, str]:
         return self._sections
+
+    def template_inputs(self, messages: Any, tools: list[dict[str, Any]] | None
+                        ) -> tuple[Any, list[dict[str, Any]] | None]:
+        """Past calls whose values a pythonic template does not write as Python literals go
+        into the content as the model writes them (`PythonicDialect.template_inputs`)."""
+        if self.python is not None:
+            return self.python.template_inputs(messages, tools)
+        return super().template_inputs(messages, tools)
 
     def root_rule(self, request: Any, strict: bool) -> tuple[str, Any]:
         """An addressed content: `addressed_root`; else `TurnDialect`'s, the content wrapped
@@ -121,13 +134,18 @@ class DerivedDialect(TurnDialect):
         return mode
 
     def substitutions(self, strict: bool) -> dict[str, str]:
-        """Quoted values: whitespace inside them (none when strict, as templates write them)."""
+        """Quoted values: whitespace inside them (none when strict, as templates write them);
+        a pythonic call list: its framing."""
+        if self.python is not None:
+            return self.python.substitutions(strict)
         return {"gws": '""' if strict else "[ \\t\\r\\n]*"} if self.format.quote else {}
 
     def param_rules(self, sections: dict[str, str], index: int, schema: dict[str, Any],
                     grammar_of: Any) -> tuple[str, str, dict[str, Any]]:
         """Quoted values: their rules from the schema (quoted_values), keys sorted."""
         turn = self.format
+        if self.python is not None:
+            return self.python.param_rules(sections, index, schema, grammar_of)
         if turn.quote is None:
             return super().param_rules(sections, index, schema, grammar_of)
         return quoted_values.quoted_params(
@@ -237,6 +255,28 @@ def _sections(turn: TurnFormat) -> dict[str, str]:
     if turn.quote is not None:
         shared += "\n" + quoted_values.value_rules(turn.quote).rstrip("\n")
     return {"": shared + "\n", "per tool": per_tool + "\n", **sections}
+
+
+def _pythonic(turn: TurnFormat) -> PythonicDialect:
+    """The pythonic dialect of the derived framing: the tokens around the list where there
+    are (else a bare list, the whole turn), the turn's ends, past calls rewritten where the
+    template does not write their values as Python literals."""
+    tokens = tuple(token for token in (turn.open.rstrip()[:-1].strip(),
+                                       turn.close.lstrip()[1:].strip()) if token)
+    return PythonicDialect(call_tokens=tokens, eos=turn.eos,
+                           rewrite_calls=turn.values != "literals")
+
+
+def _python_sections(turn: TurnFormat, python: PythonicDialect) -> dict[str, str]:
+    """The pythonic family's sections, with the derived reasoning delimiters."""
+    sections = python.sections()
+    if turn.think_close is not None:
+        rules = {"think_open": framing_peg(turn.think_open or turn.think_close),
+                 "think_close": framing_peg(turn.think_close)}
+        sections[""] = re.sub(r"^(think_open|think_close)( *)=.*$",
+                              lambda m: f"{m[1]}{m[2]}= {rules[m[1]]}", sections[""],
+                              flags=re.MULTILINE)
+    return sections
 
 
 def derive_dialect(template: str, *, reasoning: bool | None = None,

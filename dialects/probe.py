@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pegmask.dialects import quoted_values
+from pegmask.dialects.pythonic import faithful
 from pegmask.dialects.textdiff import (
     TOKEN,
     common_prefix,
@@ -89,7 +90,9 @@ class TurnFormat:
     sep: str  # between calls
     close: str  # after the last call
     head: str  # a call's framing before its name (or before its JSON object)
-    arguments: str  # "object" (one JSON object with the name), "json" (after the name), "params"
+    # "object" (one JSON object with the name), "json" (after the name), "params", "python"
+    # (a pythonic call list: `open` ends with "[", `close` starts with "]")
+    arguments: str
     tail: str = ""  # a call's framing after its arguments (or its parameters)
     mid: str = ""  # json: between the name and the arguments; params: after the name
     # object: its members in order, (key, "name" | "arguments" | a fixed value's JSON text,
@@ -101,7 +104,9 @@ class TurnFormat:
     param_sep: str = ""
     # params: how non-string values are written: "json", "python" (`str(value)`), "mixed"
     # (nested values as JSON, booleans and null as Python: `True`, `None`) or "quoted" (strings
-    # between the `quote` token, other values in a JSON dialect of bare, sorted keys: quoted_values)
+    # between the `quote` token, other values in a JSON dialect of bare, sorted keys: quoted_values);
+    # python: "literals" (the template writes every value back as one) or "rewritten" (it
+    # does not: past calls are written into the content as a model writes them)
     values: str = "json"
     quote: str | None = None
     # params: what stands for param_mid before a value other than a string, where the framing
@@ -157,6 +162,11 @@ class TurnFormat:
                                                   else show(value))
                                 for key, value in self.members)
             lines.append(f"call:         {show(self.head)} {{{members}}} {show(self.tail)}")
+        elif self.arguments == "python":
+            back = "as the template writes them" if self.values == "literals" else \
+                "written into the content: the template writes them otherwise"
+            lines.append(f"call:         NAME(KEY=VALUE, ...) in a Python list, values as Python "
+                         f"literals (past calls {back})")
         elif self.arguments == "json":
             lines.append(f"call:         {show(self.head)} NAME {show(self.mid)} "
                          f"JSON-ARGUMENTS {show(self.tail)}")
@@ -318,6 +328,8 @@ def _derive(template: str, kwargs: tuple[tuple[str, Any], ...]) -> TurnFormat:
               "notes": tuple(notes)}
     if not (open_ or head).strip() and recipient is None:
         raise DerivationError("a turn's calls start with no marker (their name comes first)")
+    if open_.rstrip().endswith("[") and not head.strip() and tail_one.startswith("("):
+        return _python_format(template, tail_one, common)
     found = find_json(head + _NAMES[0] + tail_one, _STRINGS)
     if found is not None:
         return _json_format(head, tail_one, found, common)
@@ -326,6 +338,24 @@ def _derive(template: str, kwargs: tuple[tuple[str, Any], ...]) -> TurnFormat:
         raise DerivationError("the template cannot write a call without arguments")
     nested = probes.calls([(_NAMES[0], _NESTED_ARGS)])
     return _params_format(head, tail_one, _section(empty, text, after, end)[0], nested, common)
+
+
+def _python_format(template: str, tail: str, common: dict[str, Any]) -> TurnFormat:
+    """A pythonic call list, `[name(key=value), ...]` between the framing of `common` (a start
+    and an end token, or none: a bare list). Its values are Python literals, as models write
+    them: "literals" where the template writes every value of a past call back so, else
+    "rewritten" (Llama 3.2's writes strings unquoted, Llama 4's quotes every value): the
+    dialect writes past calls into the content as a model does."""
+    keys = ", ?".join(re.escape(key) + "=[^,]+" for key in _STRINGS)
+    if not re.fullmatch(rf"\(\s*{keys}\s*\)", tail):
+        raise DerivationError(f"a pythonic call list whose calls are not by keyword "
+                              f"({_NAMES[0]}{tail})")
+    start, end = common["open"].rstrip()[:-1].strip(), common["close"].lstrip()[1:].strip()
+    if bool(start) != bool(end) or any(text and not TOKEN.fullmatch(text) for text in (start, end)):
+        raise DerivationError(f"a pythonic call list framed by other than a start and an end "
+                              f"token ({common['open']!r} ... {common['close']!r})")
+    values = "literals" if faithful(template) else "rewritten"
+    return TurnFormat(head="", arguments="python", values=values, **common)
 
 
 def _layout_width(*framing: str) -> int:

@@ -22,8 +22,10 @@ import functools
 import json
 import logging
 import pkgutil
-from collections.abc import Mapping
+import re
+from collections.abc import Collection, Mapping
 from importlib import import_module
+from pathlib import Path
 from typing import Any
 
 from pegmask.dialects.base import Dialect
@@ -111,17 +113,73 @@ def dialect_options(name: str, template: str | None,
     return dialect_class(name).template_options(template)
 
 
-def detect_dialect(template: str | None, template_tokens: Mapping[str, str] | None = None) -> str:
+def detect_dialect(template: str | None, template_tokens: Mapping[str, str] | None = None,
+                   special_tokens: Collection[str] = ()) -> str:
     """The registered dialect whose calls `template` writes, else "derived" where the template's
     own renderings (with the tokenizer's `template_tokens`, see `dialect_options`) give its
-    format, else "unknown" (also for no template): never a guess."""
+    format, else the family whose call token the vocabulary holds (`special_tokens`, see
+    `vocabulary_dialect`), else "unknown" (also for no template): never a guess."""
+    return detection(template, template_tokens, special_tokens)[0]
+
+
+def detection(template: str | None, template_tokens: Mapping[str, str] | None = None,
+              special_tokens: Collection[str] = ()) -> tuple[str, str]:
+    """`detect_dialect`'s answer and what decided it (what `pegmask dialect` prints)."""
     if not template:
-        return UNKNOWN
+        return UNKNOWN, "no chat template"
     renderings = probe_renderings(template)
     for name, cls in _families().items():
         if cls.owns_template(template, renderings):
-            return name
-    return DERIVED if derives(template, **(template_tokens or {})) else UNKNOWN
+            return name, "the template's rendering of a probe call (or its source's marker)"
+    if derives(template, **(template_tokens or {})):
+        return DERIVED, "derived from the template's own renderings"
+    found = vocabulary_dialect(template, special_tokens)
+    if found is not None:
+        return found[0], (f"the vocabulary's special token {found[1]}: the template uses tools "
+                          f"but writes no call")
+    return UNKNOWN, "no family claims the template, none derives, and the vocabulary says none"
+
+
+# The special tokens that open a family's calls, most specific first: what a model was trained
+# to emit, where its template writes no call (Kimi K2 releases that only declare tools; DeepSeek
+# R1's distills drop past calls but write tool results).
+VOCABULARY_MARKERS = (
+    ("<|tool_calls_section_begin|>", "kimi"),
+    ("<\uff5ctool\u2581calls\u2581begin\uff5c>", "deepseek-r1"),
+    ("<tool_call>", "hermes"),
+)
+
+
+def vocabulary_dialect(template: str, special_tokens: Collection[str]) -> tuple[str, str] | None:
+    """(family, the token that decided) for a template that uses tools (renders their
+    declaration, or a tool's result) but writes no call: the first of `VOCABULARY_MARKERS`
+    among the vocabulary's `special_tokens`; None where the template uses no tools."""
+    if not special_tokens:
+        return None
+    uses_tools = PROBE_TOOL["function"]["name"] in tools_prompt(template) or any(
+        _TOOL_RESULT.search(text) for text in probe_renderings(template))
+    if not uses_tools:
+        return None
+    tokens = set(special_tokens)
+    return next(((name, token) for token, name in VOCABULARY_MARKERS if token in tokens), None)
+
+
+def tokenizer_special_tokens(path: str | Path) -> list[str]:
+    """The special (added) tokens of a tokenizer: a `tokenizer.json`, a `tokenizer_config.json`
+    (its `added_tokens_decoder` and `additional_special_tokens`), or a folder holding either."""
+    path = Path(path)
+    if path.is_dir():
+        found = [path / name for name in ("tokenizer_config.json", "tokenizer.json")
+                 if (path / name).is_file()]
+        if not found:
+            raise ValueError(f"{path} holds no tokenizer.json or tokenizer_config.json")
+        path = found[0]
+    data = json.loads(path.read_text(encoding="utf-8"))
+    tokens = [item["content"] for item in data.get("added_tokens", [])]
+    tokens += [item["content"] for item in data.get("added_tokens_decoder", {}).values()]
+    tokens += [t if isinstance(t, str) else t["content"]
+               for t in data.get("additional_special_tokens", [])]
+    return list(dict.fromkeys(tokens))
 
 
 # ------------------------------------------------------------------------------ the probe
@@ -141,6 +199,11 @@ PROBE_ARGUMENTS = {"pegmask_arg": "pegmask_value"}
 PROBE_CALL_ID = "pgmprobe1"  # nine alphanumerics: Mistral's templates check the id's shape
 
 
+_PROBE_RESULT = "Result."
+# The probe's tool result as a template that uses tools writes it: after a tool token.
+_TOOL_RESULT = re.compile(r"<[^<>\s]*tool[^<>\s]*>\s*" + re.escape(_PROBE_RESULT))
+
+
 def _probe_messages(arguments: Any) -> list[dict[str, Any]]:
     call = {"id": PROBE_CALL_ID, "type": "function",
             "function": {"name": "pegmask_probe", "arguments": arguments}}
@@ -149,7 +212,7 @@ def _probe_messages(arguments: Any) -> list[dict[str, Any]]:
         {"role": "user", "content": "Question?"},
         {"role": "assistant", "content": "", "tool_calls": [call]},
         {"role": "tool", "tool_call_id": PROBE_CALL_ID, "name": "pegmask_probe",
-         "content": "Result."},
+         "content": _PROBE_RESULT},
     ]
 
 

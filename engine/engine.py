@@ -258,9 +258,11 @@ class Engine:
                                               limits=grammar_limits or GrammarLimits(),
                                               on_compile=self.metrics.grammar_compiled)
         self.chat_template = chat_template or self.backend.chat_template
-        # the tokenizer's special tokens: a derived dialect renders its template with them
+        # the tokenizer's special tokens: a derived dialect renders its template with them, and
+        # the vocabulary's pick the family where the template writes no call
         tokens = self.backend.template_tokens()
-        name = detect_dialect(self.chat_template, tokens) if dialect == "auto" else dialect
+        name = (detect_dialect(self.chat_template, tokens, self.vocab.special_ids)
+                if dialect == "auto" else dialect)
         self.dialect_name = name
         # An unknown chat format: chats are plain text (no tool calls), not a wrong guess.
         self.dialect: Dialect | None = None

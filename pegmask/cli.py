@@ -5,7 +5,7 @@
     pegmask chat                                    # interactive, streamed
     pegmask serve --host 127.0.0.1 --port 8000 [--model PATH]
     pegmask run-batch -i in.jsonl -o out.jsonl      # OpenAI request bodies, one per line
-    pegmask dialect TEMPLATE [--eos-token T]        # the dialect of a chat template, as derived
+    pegmask dialect TEMPLATE [--eos-token T] [--tokenizer P]  # a chat template's dialect
     pegmask bench grammars|tools|e2e|serve|compile [--quick] [ARGS...]  # benchmarks
 
 `--model` takes a GGUF file or a local Hugging Face folder; without it the embedded
@@ -103,6 +103,9 @@ def _parser() -> argparse.ArgumentParser:
     dialect.add_argument("--eos-token", default="",
                          help="the tokenizer's eos_token, for templates that end turns with it")
     dialect.add_argument("--bos-token", default="", help="the tokenizer's bos_token")
+    dialect.add_argument("--tokenizer", default=None,
+                         help="a tokenizer.json / tokenizer_config.json (or their folder): its "
+                              "special tokens pick the family where the template writes no call")
     dialect.set_defaults(run=_dialect)
 
     bench = commands.add_parser("bench", help="benchmarks (pegmask.bench modules)",
@@ -438,12 +441,16 @@ def _batch_line(line: Any, answer: dict[str, Any]) -> dict[str, Any]:
 def _dialect(args: argparse.Namespace, _: list[str]) -> int:
     """Print the family `detect_dialect` picks and the format derived from the template (or why
     none derives), so that a user can check what a template's turns are taken to be."""
-    from pegmask.dialects import DerivationError, detect_dialect
+    from pegmask.dialects import DerivationError
     from pegmask.dialects.probe import derive_format
+    from pegmask.dialects.registry import detection, tokenizer_special_tokens
     from pegmask.dialects.templating import resolve_chat_template
 
     template = resolve_chat_template(args.template)
-    print(f"detected: {detect_dialect(template)}")
+    specials = tokenizer_special_tokens(args.tokenizer) if args.tokenizer else ()
+    tokens = {"bos_token": args.bos_token, "eos_token": args.eos_token}
+    name, reason = detection(template, tokens, specials)
+    print(f"detected: {name} ({reason})")
     try:
         turn = derive_format(template, bos_token=args.bos_token, eos_token=args.eos_token)
     except DerivationError as exc:

@@ -35,10 +35,9 @@ from pegmask.dialects import (
     detect_dialect,
     dialect_options,
     get_dialect,
-    render_chat_template,
 )
 from pegmask.dialects.derive import DerivedDialect, first_piece
-from pegmask.dialects.probe import TurnFormat, derive_format
+from pegmask.dialects.probe import derive_format
 from pegmask.dialects.textdiff import common_prefix, header_overlap
 
 # Template variables a template ends its turns with (the tokenizer's, as transformers passes).
@@ -56,6 +55,9 @@ TEMPLATE_KWARGS: dict[str, dict[str, str]] = {
 
 # Every template of data/templates: None where a dialect derives, else the DerivationError.
 DERIVES: dict[str, str | None] = {
+    'LiquidAI-LFM2.5-8B-A1B.jinja': None,
+    'vllm-tool_chat_template_llama3.2_pythonic.jinja': None,
+    'vllm-tool_chat_template_llama4_pythonic.jinja': None,
     'Aleph-Alpha-Kolibri-1.jinja': None,
     'Apertus-8B-Instruct.jinja':
         "the template cannot render an assistant turn: 'dict object' has no attribute 'description'",
@@ -157,23 +159,24 @@ HISTORY = [{"role": "system", "content": "You are helpful."},
            {"role": "user", "content": "Please help."}]
 
 
-def _render_turn(template: str, tools: list[dict], message: dict[str, Any],
-                 turn_format: TurnFormat, kwargs: dict[str, Any]) -> tuple[str, str] | None:
-    """The generation prompt and the model's output for `message`: the rendering after the
-    prompt, cut after the end of turn; arguments as an object, else as JSON text (None:
+def _render_turn(dialect: DerivedDialect, tools: list[dict], message: dict[str, Any],
+                 kwargs: dict[str, Any]) -> tuple[str, str] | None:
+    """The generation prompt and the model's output for `message`: the dialect's rendering
+    (its template's, with past calls in the content where the dialect writes them so) after
+    the prompt, cut after the end of turn; arguments as an object, else as JSON text (None:
     neither renders; as derive's probes, an object the template writes as a Python literal
     wants text). Where the prompt opens reasoning that the template does not write back, the
     output closes it first (as the model would)."""
+    turn_format = dialect.format
     for as_text in (False, True):
         calls = [{**call, "function": {**call["function"],
                                        "arguments": json.dumps(call["function"]["arguments"])
                                        if as_text else call["function"]["arguments"]}}
                  for call in message["tool_calls"]]
         try:
-            prompt = render_chat_template(template, HISTORY, tools=tools,
-                                          add_generation_prompt=True, **kwargs)
-            full = render_chat_template(template, [*HISTORY, {**message, "tool_calls": calls}],
-                                        tools=tools, **kwargs)
+            prompt = dialect.render(HISTORY, tools=tools, add_generation_prompt=True, **kwargs)
+            full = dialect.render([*HISTORY, {**message, "tool_calls": calls}], tools=tools,
+                                  add_generation_prompt=False, **kwargs)
         except Exception:  # noqa: BLE001, S112 - the template wants the other form
             continue
         if not as_text and any(call["function"]["arguments"]
@@ -235,23 +238,23 @@ def assert_derived_round_trip(template: str, template_kwargs: dict[str, Any], va
     reasons = turn_format.think_close is not None
     family = Family(DERIVED, "", lambda: (None, None), "", lambda calls: "",
                     reasoning=reasons, parallel=turn_format.parallel,
-                    # a bare JSON call is the whole turn (Phi-4 mini's template writes the
-                    # content or the calls); content the template writes after the calls is
-                    # not where a model writes it (Gemma 4's), nor is a turn of its own
-                    # before the calls' (Nemotron Nano v2's)
-                    content_with_calls=not (turn_format.bare
+                    # a bare JSON call or call list is the whole turn (Phi-4 mini's template
+                    # writes the content or the calls, Llama 4's pythonic one); content the
+                    # template writes after the calls is not where a model writes it (Gemma
+                    # 4's), nor is a turn of its own before the calls' (Nemotron Nano v2's)
+                    content_with_calls=not (dialect.calls_alone
                                             or turn_format.content_after_calls
                                             or turn_format.content_own_turn),
                     values=values if values is not None else VALUES.get(turn_format.values))
     tools, message, calls, content, reasoning = data.draw(turns(family))
     kwargs = {**template_kwargs, "enable_thinking": reasons}
-    rendered = _render_turn(template, tools, message, turn_format, kwargs)
+    rendered = _render_turn(dialect, tools, message, kwargs)
     assert rendered is not None
     prompt, output = rendered
     # what the template drops (content beside calls, reasoning) the output does not hold
     close = turn_format.think_close
     written = output.split(close)[0] if close and close in output else ""  # the reasoning
-    without = _render_turn(template, tools, {**message, "content": ""}, turn_format, kwargs)
+    without = _render_turn(dialect, tools, {**message, "content": ""}, kwargs)
     dropped = without is not None and without[1] == output  # (not: the content is in the output)
     expected = (calls, "" if dropped else content,
                 reasoning if reasoning and reasoning in written else "")
@@ -341,9 +344,9 @@ def test_an_unreadable_call_block_is_content_byte_for_byte(name: str,
     tools = [tool_of(name_, arguments)]
     call = {"id": "call00001", "type": "function",
             "function": {"name": name_, "arguments": arguments}}
-    rendered = _render_turn(_template(name), tools, {"role": "assistant", "content": "",
-                                          "tool_calls": [call]},
-                            turn_format, {**TEMPLATE_KWARGS.get(name, {}), "enable_thinking": False})
+    rendered = _render_turn(dialect, tools, {"role": "assistant", "content": "",
+                                             "tool_calls": [call]},
+                            {**TEMPLATE_KWARGS.get(name, {}), "enable_thinking": False})
     assert rendered is not None
     turn = rendered[1]
     block = turn[turn.index(first_piece(turn_format.open or turn_format.head)):]
@@ -401,6 +404,37 @@ def test_a_turn_ended_by_eos_token_derives_with_the_tokenizers_tokens() -> None:
     assert dialect.format.eos == ("</s>",)
     assert summary(dialect.parse('<|calls|>{"tool": "f", "args": {}}<|/calls|></s>')) == (
         [("f", {})], "", "")
+
+
+# Pythonic call lists in framings the repository's templates do not use: between two tokens
+# of their own, and a list followed by a token it does not open with.
+PYTHONIC_FAMILY = """\
+{%- for m in messages %}<|{{ m.role }}|>{{ m.content or '' }}
+{%- if m.tool_calls %}OPEN[{% for c in m.tool_calls %}{% if not loop.first %}, {% endif %}
+{{- c.function.name }}({% for k, v in c.function.arguments.items() %}{% if not loop.first %}, {% endif %}
+{{- k }}={{ v | tojson }}{% endfor %}){% endfor %}]CLOSE{% endif %}<|end|>
+{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"""
+
+
+def test_a_pythonic_call_list_derives_with_or_without_framing_tokens() -> None:
+    """A list of calls by keyword derives to the pythonic grammar pieces, framed as the template
+    frames it: by a start and an end token, or by nothing (a bare list is the whole turn); a
+    list framed on one side only is named, not guessed."""
+    request = ChatRequest(tools=TOOLS, tool_choice="required", parallel_tool_calls=False)
+    framed = PYTHONIC_FAMILY.replace("OPEN", "<|py|>").replace("CLOSE", "<|/py|>")
+    dialect = derive_dialect(framed)
+    assert (dialect.format.arguments, dialect.format.values) == ("python", "literals")
+    output = "Sure.<|py|>[f(q='été \\'x\\'', n=[1, None]), g()]<|/py|><|end|>"
+    assert summary(dialect.parse(output)) == (
+        [("f", {"q": "été 'x'", "n": [1, None]}), ("g", {})], "Sure.", "")
+    assert dialect.grammar(request).matches('<|py|>[get_time(zone="JST")]<|/py|><|end|>')
+    assert not dialect.grammar(request).matches('<|py|>[get_news()]<|/py|><|end|>')
+    bare = derive_dialect(PYTHONIC_FAMILY.replace("OPEN", "").replace("CLOSE", ""))
+    assert bare.calls_alone and bare.format.open == "["
+    assert summary(bare.parse("[g(a=True)]<|end|>")) == ([("g", {"a": True})], "", "")
+    assert summary(bare.parse("See [g(a=True)]<|end|>"))[0] == []  # an answer, not a call
+    with pytest.raises(DerivationError, match="other than a start and an end token"):
+        derive_dialect(PYTHONIC_FAMILY.replace("OPEN", "").replace("CLOSE", "<|/py|>"))
 
 
 def test_what_cannot_be_derived_is_named() -> None:

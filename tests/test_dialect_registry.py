@@ -12,7 +12,14 @@ from typing import Any
 import pytest
 
 from pegmask.bench.data import TEMPLATES_DIR
-from pegmask.dialects import cohere_xml, gemma, minimax_m3, quoted_values, registry
+from pegmask.dialects import (
+    cohere_xml,
+    gemma,
+    minimax_m3,
+    python_literals,
+    quoted_values,
+    registry,
+)
 from pegmask.dialects.base import Dialect, TurnDialect
 from pegmask.dialects.values import value_readers
 
@@ -20,7 +27,7 @@ from pegmask.dialects.values import value_readers
 DETECTION_ORDER = [
     "llmjp-harmony", "harmony", "dsml", "kimi", "kimi-k3", "gemma", "glm", "minimax",
     "minimax-m3", "cohere", "command-r", "cohere-xml", "nemotron", "seed-oss", "hunyuan",
-    "deepseek-v3.1", "deepseek-r1", "mistral", "llama3", "apriel", "apertus", "functionary-v3.2",
+    "deepseek-v3.1", "deepseek-r1", "mistral", "pythonic", "llama3", "apriel", "apertus", "functionary-v3.2",
     "functionary-v3.1", "phi4-mini", "granite", "mimo", "exaone", "hermes-xml", "hermes",
 ]
 
@@ -38,7 +45,8 @@ def test_the_value_readers_come_from_the_families() -> None:
     format: the engine parses with the grammar alone, so its tag must be known)."""
     assert value_readers() == {"gemma": gemma.read_value, "m3": minimax_m3.read_value,
                                "cofl": cohere_xml.read_value,
-                               "quoted": quoted_values.read_value}
+                               "quoted": quoted_values.read_value,
+                               "python": python_literals.read_value}
 
 
 def test_a_family_declares_its_own_priority() -> None:

