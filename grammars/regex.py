@@ -26,8 +26,20 @@ Supported subset
 * Alternation ``|``; quantifiers ``* + ? {n} {n,} {n,m} {,m}`` and their lazy ``?`` forms (the
   language is the same). As in Python, ``{,m}`` is ``{0,m}`` and a ``{`` that does not start a
   quantifier is a literal.
-* Anchors ``^``/``\A`` at the start and ``$``/``\Z``/``\z`` at the end of the pattern or of a
-  top-level alternative (``^a|b$``); ``$`` matches only at the very end (ECMAScript).
+* Anchors ``^``/``\A`` and ``$``/``\Z``/``\z`` anywhere outside a repetition (inside an
+  optional group too): ``(^\d+$)``, ``^$|(^a)``, ``(^|,)x``. Each is pushed out to the ends of
+  its branch: a ``^`` holds only where everything before it in the match is empty and the
+  match starts the text (`_forms`), so ``a^b`` matches nothing. ``$`` matches only at the very
+  end (ECMAScript).
+* Lookaheads ``(?=...)`` ``(?!...)`` and lookbehinds ``(?<=...)`` ``(?<!...)`` (of any
+  width) at the top level of a branch, lookbehinds before lookaheads: ``^(?!foo)\w+``,
+  ``(?=.*[A-Z])(?=.*\d).{8,}``, ``foo(?!bar)``. Regular languages are closed under
+  intersection and difference, so the text after a lookahead (before a lookbehind) is
+  intersected with (or stripped of) the lookaround's language on DFAs
+  (`pegmask.grammars.json_schema.regular`, with its size caps; beyond them a `RegexError`).
+* Unicode property classes ``\p{...}`` / ``\P{...}`` of general categories (``L``,
+  ``Letter``, ``Lu``, ``gc=Nd``, ``General_Category=Punctuation``, ``LC``) and ``Any``,
+  ``ASCII``, ``Assigned``, from Python's `unicodedata` (its Unicode version).
 * Inline flags ``i`` (case-insensitive) and ``s`` (dot matches newline): global ``(?is)`` at the
   start of the pattern, or scoped ``(?i:...)`` / ``(?-i:...)``. Case folding pairs each
   character with its single-character lower/upper case forms, but never an ASCII with a
@@ -35,11 +47,13 @@ Supported subset
   sign); ``\d \w \s`` are not folded.
 
 Rejected with a `GrammarError` (`RegexError`) naming the construct and its position:
-backreferences (``\1``, ``\k<n>``, ``(?P=n)``), lookahead and lookbehind, conditionals
-``(?(...)``, atomic groups ``(?>...)``, possessive quantifiers ``a*+``, word boundaries
-``\b \B``, anchors anywhere else, Unicode property escapes ``\p{...}``, POSIX classes
-``[:alpha:]``, other inline flags (``m x a u L``), classes that match no character, and lone
-surrogates outside classes (UTF-8 cannot encode them).
+backreferences (``\1``, ``\k<n>``, ``(?P=n)``), lookarounds inside groups, a lookbehind after
+a lookahead, conditionals ``(?(...)``, atomic groups ``(?>...)``, possessive quantifiers
+``a*+``, word boundaries ``\b \B``, anchors inside a repetition, Unicode scripts
+(``\p{Script=Greek}``: `unicodedata` has no script data) and other properties, POSIX classes
+``[:alpha:]``, other inline flags (``m x a u L``), classes that match no character, lone
+surrogates outside classes (UTF-8 cannot encode them), and full-match patterns that match no
+string (a search for one is the empty language, `Choice(())`).
 
 Size bounds keep hostile patterns from hanging the compiler: at most `MAX_PATTERN_LENGTH`
 characters, groups nested at most `MAX_GROUP_DEPTH` deep, and at most `max_size` (default
@@ -57,12 +71,25 @@ from __future__ import annotations
 import bisect
 import functools
 import re
+import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from pegmask.grammars.counted import count_literal
 from pegmask.grammars.errors import GrammarError
-from pegmask.grammars.ir import EMPTY, MAX_UNICODE, CharClass, Literal, Node, Repeat, choice, seq
+from pegmask.grammars.ir import (
+    EMPTY,
+    MAX_UNICODE,
+    Capture,
+    CharClass,
+    Choice,
+    Literal,
+    Node,
+    Repeat,
+    Seq,
+    choice,
+    seq,
+)
 from pegmask.grammars.program import char_class_scalar_ranges, is_nullable
 
 MAX_PATTERN_LENGTH = 20_000
@@ -101,6 +128,11 @@ class RegexError(GrammarError):
         super().__init__(f"{message} at position {position} in regex {_excerpt(pattern, position)}")
 
 
+class _NoMatch(RegexError):
+    """The pattern is well formed but matches no string (`regex_to_node_search` says so with
+    the empty language; a full-match grammar must match something)."""
+
+
 def _excerpt(pattern: str, position: int, width: int = 60) -> str:
     """The pattern, or a window of it around `position` when it is long."""
     if len(pattern) <= width:
@@ -117,36 +149,132 @@ def _quoted(text: str) -> str:
     return "'" + "".join(c if c.isprintable() else repr(c)[1:-1] for c in text) + "'"
 
 
-@dataclass(frozen=True)
-class _Branch:
-    """A top-level alternative and whether it was anchored at the start / end."""
-
-    node: Node
-    at_start: bool
-    at_end: bool
-
-
 def regex_to_node(pattern: str, *, max_size: int = MAX_EXPANDED_SIZE) -> Node:
     """IR for the strings `pattern` fully matches (`re.fullmatch` semantics)."""
-    return choice(*(branch.node for branch in _Parser(pattern, max_size).parse()))
+    parser = _Parser(pattern, max_size)
+    return parser.language(parser.parse(), search=False)
 
 
 def regex_to_node_search(pattern: str, *, max_size: int = MAX_EXPANDED_SIZE) -> Node:
-    """IR for the strings in which `pattern` matches somewhere (JSON Schema `pattern`).
+    """IR for the strings in which `pattern` matches somewhere (JSON Schema `pattern`); the
+    empty choice when there are none (`a^b`).
 
     Each alternative gets `[\\s\\S]*` before it unless anchored with `^`, and after it unless
     anchored with `$`; alternatives anchored alike share one wrapper.
     """
-    branches = _Parser(pattern, max_size).parse()
-    anchors = {(b.at_start, b.at_end) for b in branches}
-    if len(anchors) == 1:
-        return _unanchor(choice(*(b.node for b in branches)), *anchors.pop())
-    return choice(*(_unanchor(b.node, b.at_start, b.at_end) for b in branches))
+    parser = _Parser(pattern, max_size)
+    try:
+        return parser.language(parser.parse(), search=True)
+    except _NoMatch:
+        return Choice(())  # a schema's `pattern` that can never match: no string is valid
 
 
-def _unanchor(node: Node, at_start: bool, at_end: bool) -> Node:
-    anything = Repeat(ANY_CHAR, 0, None)
-    return seq(*(() if at_start else (anything,)), node, *(() if at_end else (anything,)))
+# Anchors while parsing: zero-width markers that `_forms` pushes out to the ends of a branch.
+# (Captures, so the parser's nullability checks see them as empty; regexes report no captures.)
+_START = Capture("regex ^", EMPTY)
+_END = Capture("regex $", EMPTY)
+_ANYTHING = Repeat(ANY_CHAR, 0, None)
+_LOOKAROUNDS = {"(?=": "lookahead", "(?!": "negative lookahead", "(?<=": "lookbehind",
+                "(?<!": "negative lookbehind"}
+
+Forms = dict[tuple[bool, bool], Node]  # (anchored at start, anchored at end) -> the rest
+
+
+@dataclass(frozen=True)
+class _Look(Node):
+    """A lookaround at the top level of a branch (until `_Parser.looked` resolves it)."""
+
+    prefix: str  # one of `_LOOKAROUNDS`
+    body: Node
+    position: int
+
+    @property
+    def ahead(self) -> bool:
+        return self.prefix in ("(?=", "(?!")
+
+    @property
+    def negative(self) -> bool:
+        return self.prefix.endswith("!")
+
+
+def _forms(node: Node) -> Forms:
+    """`node`'s language split by which anchors a match needs: `^` inside is satisfied only
+    where everything before it in the match is empty and the match starts the text (`$`
+    likewise at the end). Subtrees without anchors come back as they are."""
+    if node == _START:
+        return {(True, False): EMPTY}
+    if node == _END:
+        return {(False, True): EMPTY}
+    if isinstance(node, Seq):
+        parts = [_forms(item) for item in node.items]
+        if all(_plain(f, item) for f, item in zip(parts, node.items, strict=True)):
+            return {(False, False): node}
+        acc: Forms = {(False, False): EMPTY}
+        for part in parts:
+            acc = _concat(acc, part)
+        return acc
+    if isinstance(node, Choice):
+        alts = [_forms(alt) for alt in node.alts]
+        if all(_plain(f, alt) for f, alt in zip(alts, node.alts, strict=True)):
+            return {(False, False): node}
+        merged: Forms = {}
+        for forms in alts:
+            for key, sub in forms.items():
+                merged[key] = choice(merged[key], sub) if key in merged else sub
+        return merged
+    if isinstance(node, Repeat):
+        inner = _forms(node.item)
+        if _plain(inner, node.item):
+            return {(False, False): node}
+        # The parser allows anchors only in items repeated at most once (`(^a)?`).
+        forms = dict(inner)
+        if node.min == 0:
+            forms[(False, False)] = choice(forms[(False, False)], EMPTY) \
+                if (False, False) in forms else EMPTY
+        return forms
+    return {(False, False): node}
+
+
+def _plain(forms: Forms, node: Node) -> bool:
+    return len(forms) == 1 and forms.get((False, False)) is node
+
+
+def _concat(left: Forms, right: Forms) -> Forms:
+    """Forms of a sequence: a start anchor on the right empties the left, and vice versa."""
+    out: Forms = {}
+    for (left_start, left_end), a in left.items():
+        for (right_start, right_end), b in right.items():
+            if (right_start and not is_nullable(a, set())) or (left_end and not is_nullable(b, set())):
+                continue
+            joined = seq(EMPTY if right_start else a, EMPTY if left_end else b)
+            key = (left_start or right_start, left_end or right_end)
+            out[key] = choice(out[key], joined) if key in out else joined
+    return out
+
+
+def _wrapped(forms: Forms, before: bool, after: bool) -> list[Node]:
+    """Each form with `[\\s\\S]*` on the sides it is not anchored on (where asked)."""
+    out = []
+    for (start, end), node in forms.items():
+        lead, trail = before and not start, after and not end
+        node = _absorbed(node, lead, trail)
+        if node == EMPTY and lead and trail:
+            out.append(_ANYTHING)
+            continue
+        out.append(seq(*((_ANYTHING,) if lead else ()), node, *((_ANYTHING,) if trail else ())))
+    return out
+
+
+def _absorbed(node: Node, lead: bool, trail: bool) -> Node:
+    """`node` with a repetition `x{n,m}` at a side next to `[\\s\\S]*` cut to `x{n}`: the
+    extra copies are text the wrapper matches anyway, and a DFA need not count them (a
+    search for `\\d{1,1000}` is a search for `\\d`)."""
+    items = list(node.items) if isinstance(node, Seq) else [node]
+    for index, side in ((0, lead), (-1, trail)):
+        item = items[index] if items else None
+        if side and isinstance(item, Repeat) and item.max != item.min:
+            items[index] = _repeat(item.item, item.min, item.min) if item.min else EMPTY
+    return seq(*items)
 
 
 class _Parser:
@@ -157,6 +285,7 @@ class _Parser:
         self.pattern = pattern
         self.pos = 0
         self.max_size = max_size
+        self.anchors = 0  # anchors read so far (to refuse them inside repetitions)
 
     def error(self, message: str, position: int | None = None) -> RegexError:
         return RegexError(message, self.pattern, self.pos if position is None else position)
@@ -187,16 +316,17 @@ class _Parser:
                              "repetitions are expanded", position)
 
     # ----------------------------------------------------------------- structure
-    def parse(self) -> list[_Branch]:
+    def parse(self) -> list[Node]:
+        """The top-level alternatives, anchors and lookarounds still marked in them."""
         if len(self.pattern) > MAX_PATTERN_LENGTH:
             raise self.error(f"pattern too long: {len(self.pattern)} characters "
                              f"(limit {MAX_PATTERN_LENGTH})", MAX_PATTERN_LENGTH)
         flags = self.global_flags()
-        branches: list[_Branch] = []
+        branches: list[Node] = []
         size = 0
         while True:
             start = self.pos
-            branch, branch_size = self.top_branch(flags)
+            branch, branch_size = self.sequence(flags, 0)
             branches.append(branch)
             size += branch_size
             self.check_size(size, start)
@@ -222,22 +352,91 @@ class _Parser:
                                  "supported)", position)
         return set(letters)
 
-    def top_branch(self, flags: frozenset[str]) -> tuple[_Branch, int]:
-        at_start = False
-        while self.at_start_anchor():
-            at_start = True
-            self.pos += len(self.anchor())
-        node, size = self.sequence(flags, 0)
-        at_end = False
-        while self.at_end_anchor():
-            at_end = True
-            anchor_pos, anchor = self.pos, self.anchor()
-            self.pos += len(anchor)
-            if self.pos < len(self.pattern) and self.peek() not in "|)" \
-                    and not self.at_end_anchor():
-                raise self.error(f"anchor {_quoted(anchor)} is only supported at the end of the "
-                                 "pattern or of a top-level alternative", anchor_pos)
-        return _Branch(node, at_start, at_end), size
+    # ----------------------------------------------------------------- anchors and lookarounds
+    def language(self, branches: list[Node], *, search: bool) -> Node:
+        """The strings the branches match (somewhere, with `search`): anchors pushed out to
+        the ends (alternatives anchored alike share one wrapper), lookarounds resolved."""
+        forms: Forms = {}
+        alts: list[Node] = []
+        for branch in branches:
+            items = branch.items if isinstance(branch, Seq) else (branch,)
+            if any(isinstance(item, _Look) for item in items):
+                looked = self.looked(list(items), search)
+                alts += [] if looked is None else [looked]
+                continue
+            for key, node in _forms(branch).items():
+                forms[key] = choice(forms[key], node) if key in forms else node
+        alts = _wrapped(forms, search, search) + alts
+        if not alts:
+            raise _NoMatch("pattern matches no string (an anchor where the text cannot start "
+                           "or end, or a lookaround that never holds)", self.pattern, 0)
+        return choice(*alts)
+
+    def looked(self, items: list[Node], search: bool) -> Node | None:
+        """A branch with lookarounds as the regular language it is: lookbehinds intersect
+        (or subtract) the text before them, lookaheads the text after them, so lookbehinds
+        must all come before the first lookahead. None when no text qualifies."""
+        segments: list[list[Node]] = [[]]
+        looks: list[_Look] = []
+        for item in items:
+            if isinstance(item, _Look):
+                looks.append(item)
+                segments.append([])
+            else:
+                segments[-1].append(item)
+        behind = 0
+        for look in looks:
+            if not look.ahead:
+                if behind < len(looks) and looks[behind] is not look:
+                    raise self.error(f"{_LOOKAROUNDS[look.prefix]} after a lookahead is not "
+                                     "supported", look.position)
+                behind += 1
+        parts: list[Node] = []
+        last = len(segments) - 1
+        for i, segment in enumerate(segments):
+            forms = _forms(seq(*segment))
+            if any(start for start, _ in forms) and i > 0:
+                raise self.error("anchor '^' after a lookaround is not supported",
+                                 looks[i - 1].position)
+            if any(end for _, end in forms) and i < last:
+                raise self.error("anchor '$' before a lookaround is not supported",
+                                 looks[i].position)
+            wrapped = _wrapped(forms, search and i == 0, search and i == last)
+            if not wrapped:
+                return None
+            parts.append(choice(*wrapped))
+        left: Node | None = parts[0]
+        for i in range(behind):
+            left = self.restricted(left, looks[i])
+            if left is None:
+                return None
+            left = seq(left, parts[i + 1])
+        right: Node | None = EMPTY
+        for i in reversed(range(behind, len(looks))):
+            right = self.restricted(seq(parts[i + 1], right), looks[i])
+            if right is None:
+                return None
+        return seq(left, right)
+
+    def restricted(self, node: Node, look: _Look) -> Node | None:
+        """`node` (all text before a lookbehind, or all text after a lookahead) with those
+        texts kept that the lookaround's body accepts (rejects, when negative); None if none."""
+        forms = _forms(look.body)
+        misplaced = [start for start, _ in forms] if look.ahead else [end for _, end in forms]
+        if any(misplaced):  # `(?=^a)`, `(?<=a$)`
+            raise self.error(f"anchor inside a {_LOOKAROUNDS[look.prefix]} that cannot match "
+                             "there is not supported", look.position)
+        body = choice(*_wrapped(forms, not look.ahead, look.ahead))
+        # Imported here: the JSON Schema package imports this module when it loads.
+        from pegmask.grammars.json_schema.regular import CharDFA, RegularTooLarge
+
+        try:
+            text, condition = CharDFA.from_node(node), CharDFA.from_node(body)
+            result = text.difference(condition) if look.negative else text.intersect(condition)
+            return result.to_node()
+        except RegularTooLarge as exc:
+            raise self.error(f"{_LOOKAROUNDS[look.prefix]} {_quoted(look.prefix)}: {exc}",
+                             look.position) from exc
 
     def alternation(self, flags: frozenset[str], depth: int) -> tuple[Node, int]:
         alts: list[Node] = []
@@ -253,21 +452,26 @@ class _Parser:
             self.pos += 1
 
     def sequence(self, flags: frozenset[str], depth: int) -> tuple[Node, int]:
-        """Items up to `|`, `)`, the end, or (at top level) an end anchor."""
+        """Items up to `|`, `)` or the end (anchors and lookarounds as markers)."""
         items: list[Node] = []
         size = 0
         while self.pos < len(self.pattern) and self.peek() not in "|)":
             start = self.pos
-            if self.at_end_anchor():
-                if depth == 0:
-                    break
-                raise self.error(f"anchor {_quoted(self.anchor())} is only supported at the end of "
-                                 "the pattern or of a top-level alternative")
-            if self.at_start_anchor():
-                raise self.error(f"anchor {_quoted(self.anchor())} is only supported at the start "
-                                 "of the pattern or of a top-level alternative")
+            if self.at_start_anchor() or self.at_end_anchor():
+                anchor = self.anchor()
+                self.pos += len(anchor)
+                if self.quantifier() is not None:
+                    raise self.error(f"nothing to repeat after anchor {_quoted(anchor)}")
+                self.anchors += 1
+                items.append(_START if anchor in ("^", "\\A") else _END)
+                continue
+            anchors = self.anchors
             atom, atom_size = self.atom(flags, depth)
-            atom, atom_size = self.quantified(atom, atom_size, start)
+            if isinstance(atom, _Look):
+                if self.quantifier() is not None:
+                    raise self.error(f"a {_LOOKAROUNDS[atom.prefix]} cannot be repeated")
+            else:
+                atom, atom_size = self.quantified(atom, atom_size, start, self.anchors > anchors)
             size += atom_size
             self.check_size(size, start)
             if items and isinstance(atom, Literal) and isinstance(items[-1], Literal):
@@ -318,11 +522,14 @@ class _Parser:
         high = count_literal(m[3]) if m[3] else (None if m[2] else low)
         return low, high, m.end()
 
-    def quantified(self, atom: Node, size: int, start: int) -> tuple[Node, int]:
+    def quantified(self, atom: Node, size: int, start: int, anchored: bool) -> tuple[Node, int]:
         found = self.quantifier()
         if found is None:
             return atom, size
         low, high, end = found
+        if anchored and (high is None or high > 1):
+            raise self.error(f"an anchor inside a repetition {self.quote(start, end)} is not "
+                             "supported (only inside an optional group)", start)
         quantifier_pos = self.pos
         self.pos = end
         if self.peek() == "+":
@@ -335,8 +542,10 @@ class _Parser:
         if high is not None and low > high:
             raise self.error(f"bad repetition {self.quote(quantifier_pos, end)}: minimum "
                              "greater than maximum", quantifier_pos)
-        if size == 0 or high == 0:
-            return EMPTY, 0  # repeating (or dropping) something that matches only ""
+        if high == 0:
+            return EMPTY, 0
+        if size == 0:  # something that matches only "" (or an anchor): once, or not at all
+            return (atom if low else _repeat(atom, 0, 1)) if anchored else EMPTY, 0
         repeated = _repeat(atom, low, high)
         if isinstance(repeated, Repeat) and not is_nullable(repeated.item, set()):
             return repeated, size  # counted in rules, not unrolled
@@ -357,12 +566,19 @@ class _Parser:
                 raise self.error("unterminated comment '(?#'")
             self.pos = end + 1
             return EMPTY, 0
-        flags = self.group_head(flags)
+        look = next((p for p in _LOOKAROUNDS if self.at(p)), None)
+        if look is not None:
+            if depth:
+                raise self.error(f"{_LOOKAROUNDS[look]} {_quoted(look)} is only supported outside "
+                                 "groups")
+            self.pos += len(look)
+        else:
+            flags = self.group_head(flags)
         node, size = self.alternation(flags, depth + 1)
         if self.peek() != ")":
             raise self.error("missing ')': unterminated group", start)
         self.pos += 1
-        return node, size
+        return (node, size) if look is None else (_Look(look, node, start), size)
 
     def group_head(self, flags: frozenset[str]) -> frozenset[str]:
         """Consume `(` and any `?...` group syntax; return the flags inside the group."""
@@ -371,9 +587,7 @@ class _Parser:
             self.pos += 1
             return flags
         unsupported = (
-            ("(?<=", "lookbehind"), ("(?<!", "negative lookbehind"), ("(?=", "lookahead"),
-            ("(?!", "negative lookahead"), ("(?P=", "backreference"),
-            ("(?(", "conditional group"), ("(?>", "atomic group"),
+            ("(?P=", "backreference"), ("(?(", "conditional group"), ("(?>", "atomic group"),
         )  # fmt: skip
         for prefix, what in unsupported:
             if self.at(prefix):
@@ -499,8 +713,16 @@ class _Parser:
             raise self.error("named backreference '\\k<...>' is not supported", start)
         if c in "pP":
             end = self.pattern.find("}", self.pos) if self.peek() == "{" else -1
-            shown = self.quote(start, end + 1 if end > 0 else self.pos)
-            raise self.error(f"Unicode property escape {shown} is not supported", start)
+            if end < 0:
+                raise self.error(f"bad escape {shown}: expected '{{name}}'", start)
+            name = self.pattern[self.pos + 1 : end]
+            ranges = _unicode_property(name)
+            if ranges is None:
+                raise self.error(f"Unicode property {self.quote(start, end + 1)} is not supported "
+                                 "(only general categories, e.g. 'L', 'Letter', 'gc=Lu', and "
+                                 "'Any', 'ASCII', 'Assigned')", start)
+            self.pos = end + 1
+            return CharClass(ranges, negated=c == "P")
         if c.isascii() and c.isalnum():
             raise self.error(f"unsupported escape {shown}", start)
         return ord(c)
@@ -517,6 +739,59 @@ class _Parser:
         if code > MAX_UNICODE:
             raise self.error(f"code point {code:#x} is beyond U+10FFFF", start)
         return code
+
+
+_CATEGORY_NAMES = {
+    "Letter": "L", "Cased_Letter": "LC", "Uppercase_Letter": "Lu", "Lowercase_Letter": "Ll",
+    "Titlecase_Letter": "Lt", "Modifier_Letter": "Lm", "Other_Letter": "Lo", "Mark": "M",
+    "Combining_Mark": "M", "Nonspacing_Mark": "Mn", "Spacing_Mark": "Mc",
+    "Enclosing_Mark": "Me", "Number": "N", "Decimal_Number": "Nd", "digit": "Nd",
+    "Letter_Number": "Nl", "Other_Number": "No", "Punctuation": "P", "punct": "P",
+    "Connector_Punctuation": "Pc", "Dash_Punctuation": "Pd", "Open_Punctuation": "Ps",
+    "Close_Punctuation": "Pe", "Initial_Punctuation": "Pi", "Final_Punctuation": "Pf",
+    "Other_Punctuation": "Po", "Symbol": "S", "Math_Symbol": "Sm", "Currency_Symbol": "Sc",
+    "Modifier_Symbol": "Sk", "Other_Symbol": "So", "Separator": "Z", "Space_Separator": "Zs",
+    "Line_Separator": "Zl", "Paragraph_Separator": "Zp", "Other": "C", "Control": "Cc",
+    "cntrl": "Cc", "Format": "Cf", "Surrogate": "Cs", "Private_Use": "Co", "Unassigned": "Cn",
+}  # fmt: skip
+
+
+def _unicode_property(name: str) -> Ranges | None:
+    """Code point ranges of an ECMAScript `\\p{...}` property: a general category by short or
+    long name (`gc=` / `General_Category=` optional), or Any, ASCII, Assigned; None for
+    anything else (scripts: Python's `unicodedata` has no script data)."""
+    key, _, value = name.partition("=")
+    if value and key in ("gc", "General_Category"):
+        name = value
+    elif value:
+        return None
+    if name == "Any":
+        return ((0, MAX_UNICODE),)
+    if name == "ASCII":
+        return ((0, 0x7F),)
+    categories = _categories()
+    if name == "Assigned":
+        return tuple(_complement(categories["Cn"]))
+    short = _CATEGORY_NAMES.get(name, name)
+    if short == "LC":
+        return tuple(_merge(categories["Lu"] + categories["Ll"] + categories["Lt"]))
+    if len(short) == 1 and short in "LMNPSZC":
+        return tuple(_merge(r for cat, ranges in categories.items() if cat[0] == short
+                            for r in ranges))
+    return categories.get(short)
+
+
+@functools.cache
+def _categories() -> dict[str, Ranges]:
+    """Each general category's code point ranges, from Python's Unicode database."""
+    runs: dict[str, list[tuple[int, int]]] = {}
+    start, current = 0, unicodedata.category("\0")
+    for code in range(1, MAX_UNICODE + 2):
+        category = unicodedata.category(chr(code)) if code <= MAX_UNICODE else ""
+        if category != current:
+            runs.setdefault(current, []).append((start, code - 1))
+            start, current = code, category
+    return {cat: tuple(ranges) for cat, ranges in runs.items()}
 
 
 def _repeat(item: Node, low: int, high: int | None) -> Node:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -275,7 +276,7 @@ def test_pattern_is_an_unanchored_search() -> None:
           ["a1b", "123"], ["12", "abc", "a1bcd"])
     check({"type": "string", "pattern": 'a"\\\\'}, ['xa"\\'], ['a"'])
     with pytest.raises(UnsupportedSchemaError) as info:
-        Grammar.from_json_schema({"type": "string", "pattern": "(?=a)b"})
+        Grammar.from_json_schema({"type": "string", "pattern": "(a)\\1"})
     assert info.value.keyword == "pattern" and info.value.pointer == "/pattern"
 
 
@@ -409,9 +410,94 @@ def test_any_of_one_of_all_of() -> None:
     check({"allOf": [{"type": ["integer", "string"]}, {"type": ["string", "null"]}]}, ["x"], [1, None])
 
 
-def test_oneof_is_compiled_as_anyof() -> None:
-    schema = {"oneOf": [{"type": "integer"}, {"minimum": 0}]}
-    assert accepts(schema, "5")  # matches both branches: invalid under oneOf, accepted here
+def test_one_of_is_exact() -> None:
+    """Disjoint branches (by type, a required discriminator, ranges) are a union; overlapping
+    ones are intersected with the others' complements (values valid under two are invalid)."""
+    check({"oneOf": [{"type": "number", "maximum": 0}, {"type": "number", "exclusiveMinimum": 0}]},
+          [0, -1.5, 0.5], ["0"])
+    tagged = {"oneOf": [
+        {"type": "object", "properties": {"kind": {"const": "a"}, "x": {"type": "integer"}},
+         "required": ["kind"]},
+        {"type": "object", "properties": {"kind": {"enum": ["b", "c"]}, "x": {"type": "string"}},
+         "required": ["kind"]}]}
+    check(tagged, [{"kind": "a", "x": 1}, {"kind": "c", "x": "s"}],
+          [{"kind": "a", "x": "s"}, {"x": 1}, {"kind": "d"}])
+    check({"type": "string", "oneOf": [{"maxLength": 3}, {"pattern": "^a"}]},
+          ["bc", "abcd", ""], ["ab", "a"])
+    closed = {"oneOf": [
+        {"type": "object", "properties": {"a": {}, "c": {}}, "additionalProperties": False},
+        {"type": "object", "properties": {"b": {}, "c": {}}, "additionalProperties": False}]}
+    check(closed, [{"a": 1}, {"b": 1, "c": 2}], [{}, {"c": 1}, {"a": 1, "b": 2}])
+    check({"type": "array", "oneOf": [{"items": {"type": "string"}}, {"items": {"type": "integer"}}]},
+          [["a"], [1, 2]], [[], ["a", 1]])
+    with pytest.raises(SchemaError, match="accepts no value"):  # every value matches both
+        Grammar.from_json_schema({"oneOf": [True, {}]})
+
+
+def test_one_of_that_cannot_be_exact_is_refused() -> None:
+    schema = {"oneOf": [{"type": "integer"}, {"multipleOf": 2}]}  # 4 matches both: invalid
+    with pytest.raises(UnsupportedSchemaError) as info:
+        Grammar.from_json_schema(schema)
+    assert info.value.keyword == "oneOf" and "one_of=" in str(info.value)
+    assert Grammar.from_json_schema(schema, one_of="any").matches("4")  # the superset, on request
+    with pytest.raises(GrammarError, match="one_of"):
+        Grammar.from_json_schema(schema, one_of="first")
+
+
+APPLICATOR_SCHEMAS = [
+    {"oneOf": [{"type": "object", "properties": {"a": {"type": "string"}, "b": {}, "c": {}},
+                "required": ["a"]},
+               {"type": "object", "properties": {"a": {}, "b": {"type": "string"}, "c": {}},
+                "required": ["b"]}]},
+    {"oneOf": [{"properties": {"a": {}, "c": {"type": "integer"}}, "additionalProperties": False},
+               {"properties": {"b": {}, "c": {"type": "string"}}, "additionalProperties": False}]},
+    {"oneOf": [{"items": {"type": "integer"}}, {"items": {"type": "string"}}, {"type": "null"}]},
+    {"oneOf": [{"type": "string", "maxLength": 1}, {"type": "string", "pattern": "a"},
+               {"minimum": 1}]},
+    {"oneOf": [{"required": ["a"]}, {"required": ["b"]}], "type": "object",
+     "properties": {"a": {}, "b": {}, "c": {}}},
+    {"allOf": [{"properties": {"a": {}}}, {"$ref": "#/$defs/b"}], "$defs": {"b": {
+        "properties": {"b": {"type": "string"}}}}, "unevaluatedProperties": {"type": "integer"}},
+    {"prefixItems": [{}], "allOf": [{"prefixItems": [{}, {"type": "string"}]}],
+     "unevaluatedItems": False},
+]
+# Keys from "abc" (written sorted: declared keys in schema order, others after them).
+SMALL_VALUES = st.recursive(
+    st.none() | st.integers(-1, 2) | st.sampled_from(["", "a", "b", "ab", "ba"]),
+    lambda inner: st.lists(inner, max_size=3)
+    | st.dictionaries(st.sampled_from("abc"), inner, max_size=3),
+    max_leaves=6)
+
+
+@pytest.mark.parametrize("schema", APPLICATOR_SCHEMAS)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(value=SMALL_VALUES)
+def test_applicators_agree_with_jsonschema(schema: dict[str, Any], value: Any) -> None:
+    grammar = _grammar_cache(json.dumps(schema))
+    text = json.dumps(value, sort_keys=True)
+    assert grammar.matches(text) == EcmaValidator(schema).is_valid(value), value
+
+
+def test_unevaluated_beside_static_applicators() -> None:
+    schema = {"type": "object", "properties": {"a": {}}, "allOf": [{"properties": {"b": {}}}],
+              "unevaluatedProperties": False}
+    check(schema, [{"a": 1, "b": 2}, {"b": 2}], [{"a": 1, "c": 3}])
+    check({"type": "array", "prefixItems": [{}], "$ref": "#/$defs/two",
+           "$defs": {"two": {"prefixItems": [{}, {}]}}, "unevaluatedItems": {"type": "null"}},
+          [[1, 2], [1, 2, None]], [[1, 2, 3]])
+    check({"type": "array", "items": {"type": "integer"}, "unevaluatedItems": False}, [[1, 2]])
+    for schema in ({"anyOf": [{"properties": {"a": {}}}], "unevaluatedProperties": False},
+                   {"contains": {}, "unevaluatedItems": False}):
+        with pytest.raises(UnsupportedSchemaError) as info:
+            Grammar.from_json_schema(schema)
+        assert info.value.keyword.startswith("unevaluated")
+
+
+def test_unknown_dialects_are_refused() -> None:
+    with pytest.raises(UnsupportedSchemaError) as info:
+        Grammar.from_json_schema({"$schema": "http://x.test/meta.json", "type": "integer"})
+    assert info.value.keyword == "$schema"
+    check({"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "integer"}, [1])
 
 
 def test_not() -> None:
@@ -424,6 +510,9 @@ def test_not() -> None:
     check({"not": {"minimum": 3}}, [2, -0.5], [3, 4, "x"])
     check({"not": {"maxLength": 2}}, ["abc"], ["ab", 5])
     check({"not": {"anyOf": [{"type": "string"}, {"type": "null"}]}}, [1], ["a", None])
+    check({"not": {"items": {"type": "string"}}}, [[1], ["a", None]], [[], ["a", "b"], 5, "x"])
+    check({"type": "array", "items": {"type": "string"}, "not": {"items": {"maxLength": 1}}},
+          [["ab"], ["a", "bc"]], [[], ["a"]])
     with pytest.raises(SchemaError):
         Grammar.from_json_schema({"not": {}})
     with pytest.raises(UnsupportedSchemaError) as info:
@@ -457,6 +546,45 @@ def test_refs_and_recursion() -> None:
     check({"type": "object", "properties": {"next": {"$ref": "#"}, "v": {"type": "integer"}}},
           [{"next": {"next": {}, "v": 2}, "v": 1}], [{"next": {"v": "x"}}])
     check({"$defs": {"x": {"$anchor": "here", "type": "integer"}}, "$ref": "#here"}, [1], ["a"])
+
+
+def test_refs_resolve_against_their_base_uri() -> None:
+    """`$id` at any level sets the base of what it contains: relative and absolute-path ids,
+    `$defs` addressed by their own id, fragments within the resource the base names."""
+    schema = {"$id": "http://x.test/root.json", "$defs": {
+        "a": {"$id": "sub/a.json", "$defs": {"n": {"type": "integer"}}, "$ref": "#/$defs/n"},
+        "b": {"$id": "/abs/b.json", "type": "string"}},
+        "properties": {"a": {"$ref": "sub/a.json"}, "b": {"$ref": "http://x.test/abs/b.json"}}}
+    check(schema, [{"a": 1, "b": "s"}], [{"a": "s"}, {"b": 1}])
+    urn = "urn:uuid:deadbeef-1234-ffff-ffff-4321feebdaed"
+    check({"$id": urn, "$defs": {"bar": {"type": "string"}},
+           "properties": {"foo": {"$ref": f"{urn}#/$defs/bar"}}}, [{"foo": "x"}], [{"foo": 1}])
+
+
+def test_anchors_belong_to_their_resource() -> None:
+    schema = {"$id": "http://x.test/root", "$ref": "child2#x", "$defs": {
+        "A": {"$id": "child1", "$anchor": "x", "type": "integer"},
+        "B": {"$id": "child2", "$anchor": "x", "type": "string"}}}
+    check(schema, ["a"], [1])
+
+
+def test_dynamic_refs_follow_the_dynamic_scope() -> None:
+    """The list's `$dynamicRef` lands on the outermost `$dynamicAnchor` of the scope that
+    reached it: the root's (strings) when entered from the root."""
+    schema = {"$id": "http://x.test/root", "$ref": "list", "$defs": {
+        "foo": {"$dynamicAnchor": "items", "type": "string"},
+        "list": {"$id": "list", "type": "array", "items": {"$dynamicRef": "#items"},
+                 "$defs": {"items": {"$dynamicAnchor": "items"}}}}}
+    check(schema, [["a"], []], [[1]])
+    alone = {**schema["$defs"]["list"], "$id": "http://x.test/list"}  # its own anchor: any
+    check(alone, [["a", 1]], ["a"])
+
+
+def test_remote_refs_are_refused() -> None:
+    for ref in ("http://x.test/other.json", "other.json#/$defs/a"):
+        with pytest.raises(UnsupportedSchemaError, match="remote reference") as info:
+            Grammar.from_json_schema({"$ref": ref})
+        assert info.value.keyword == "$ref"
 
 
 def test_ref_siblings_follow_the_draft() -> None:
@@ -691,3 +819,50 @@ def test_raw_strings_need_a_string_schema() -> None:
             Grammar.from_json_schema(schema, raw_until="\n</p>")
     with pytest.raises(GrammarError):
         Grammar.from_json_schema({"type": "string"}, raw_until="")
+
+
+# ---------------------------------------------------------------------------- not integer
+NOT_INTEGER_SCHEMAS = [
+    {"not": {"type": "integer"}},
+    {"type": "number", "not": {"type": "integer"}, "minimum": -1.5, "exclusiveMaximum": 3},
+    {"type": "number", "not": {"type": "integer"}, "multipleOf": 0.25, "maximum": 2},
+    {"oneOf": [{"type": "integer"}, {"type": "number"}]},
+    {"oneOf": [{"type": "integer", "maximum": 5}, {"type": "number", "minimum": 0}]},
+    {"type": ["number", "string"], "not": {"type": ["integer", "string"]}},
+    {"oneOf": [{"type": "integer"}, {"minimum": 2}]},  # 3 matches both: invalid
+]
+NUMBER_TEXTS = st.builds(
+    lambda sign, whole, frac, exp: f"{sign}{whole}{frac}{exp}",
+    st.sampled_from(["", "-"]), st.sampled_from(["0", "1", "2", "3", "5", "6", "17"]),
+    st.sampled_from(["", ".0", ".00", ".5", ".25", ".250", ".05", ".75", ".001"]),
+    st.sampled_from(["", "", "", "e1", "E-1", "e+2"]))
+
+
+@functools.lru_cache
+def _not_integer_grammar(index: int) -> Grammar:
+    return Grammar.from_json_schema(NOT_INTEGER_SCHEMAS[index])
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(index=st.integers(0, len(NOT_INTEGER_SCHEMAS) - 1), text=NUMBER_TEXTS)
+def test_not_integer_is_the_non_integral_decimals(index: int, text: str) -> None:
+    """The "not integer" numbers are those with a non-zero fraction digit (JSON Schema counts
+    `1.0` as an integer): every accepted spelling is valid, and every valid plain decimal
+    (no exponent) that is non-integral, or an integer written without a fraction, is accepted."""
+    schema = NOT_INTEGER_SCHEMAS[index]
+    grammar = _not_integer_grammar(index)
+    valid = jsonschema.Draft202012Validator(schema).is_valid(json.loads(text))
+    if grammar.matches(text):
+        assert valid, text
+    elif valid:
+        assert "e" in text.lower() or re.fullmatch(r"-?\d+\.0*", text), text
+
+
+def test_not_integer_examples() -> None:
+    check({"not": {"type": "integer"}}, [1.5, -0.5, "x", None, [1]], [1, 0, -3])
+    assert accepts({"not": {"type": "integer"}}, "3.250")
+    assert not any(accepts({"not": {"type": "integer"}}, t) for t in ("1.0", "2.00", "1e3", "-0.0"))
+    check({"type": "number", "not": {"type": "integer"}, "exclusiveMinimum": 1, "maximum": 2.5},
+          [1.01, 2.5], [1, 2, 0.5, 2.75])
+    with pytest.raises(SchemaError, match="accepts no value"):
+        Grammar.from_json_schema({"type": "number", "multipleOf": 2, "not": {"type": "integer"}})

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pegmask.grammars import Grammar, GrammarError
-from pegmask.grammars.ir import GrammarIR, Literal, Repeat
+from pegmask.grammars.ir import Choice, GrammarIR, Literal, Repeat
 from pegmask.grammars.regex import (
     MAX_EXPANDED_SIZE,
     MAX_GROUP_DEPTH,
@@ -230,23 +230,26 @@ def test_meanings(pattern: str, yes: list[str], no: list[str]) -> None:
         (r"(a)\1", "backreference '\\1'", 3),
         (r"(?P<n>a)(?P=n)", "backreference '(?P='", 8),
         (r"(?<n>a)\k<n>", "named backreference", 7),
-        (r"a(?=b)", "lookahead '(?='", 1),
-        (r"a(?!b)", "negative lookahead", 1),
-        (r"(?<=a)b", "lookbehind '(?<='", 0),
-        (r"(?<!a)b", "negative lookbehind", 0),
         (r"(a)?(?(1)b|c)", "conditional group", 4),
         (r"(?>a+)b", "atomic group", 0),
         (r"a*+", "possessive quantifier '*+'", 1),
         (r"a{2}+", "possessive quantifier '{2}+'", 1),
         (r"\bword", "word boundary '\\b'", 0),
         (r"a\B", "word boundary '\\B'", 1),
-        (r"a^b", "anchor '^' is only supported at the start", 1),
-        (r"(^a)", "anchor '^' is only supported at the start", 1),
-        (r"a$b", "anchor '$' is only supported at the end", 1),
-        (r"(a$)", "anchor '$' is only supported at the end", 2),
-        (r"a\Zb", "anchor '\\Z' is only supported at the end", 1),
         (r"[\A]", "not allowed in a character class", 1),
-        (r"\p{L}+", "Unicode property escape '\\p{L}'", 0),
+        (r"(a(?=b))", "lookahead '(?=' is only supported outside groups", 2),
+        (r"a(?=b)", "pattern matches no string", 0),
+        (r"a(?=b)(?<=a)b", "lookbehind after a lookahead is not supported", 6),
+        (r"(?=a)*a", "a lookahead cannot be repeated", 5),
+        (r"(?=^a)a", "anchor inside a lookahead", 0),
+        (r"a(?=b)^b", "anchor '^' after a lookaround", 1),
+        (r"(^a)*", "anchor inside a repetition '(^a)*'", 0),
+        (r"^*a", "nothing to repeat after anchor '^'", 1),
+        (r"a^b", "pattern matches no string (an anchor", 0),
+        (r"a\Zb", "pattern matches no string (an anchor", 0),
+        (r"\p{Script=Greek}", "Unicode property '\\p{Script=Greek}' is not supported", 0),
+        (r"\p{Foo}", "Unicode property '\\p{Foo}' is not supported", 0),
+        (r"\pL", "expected '{name}'", 0),
         (r"[[:alpha:]]", "POSIX character class", 1),
         (r"(?m)^a$", "unsupported inline flag 'm'", 0),
         (r"a(?i)b", "only supported at the start of the pattern", 1),
@@ -337,8 +340,84 @@ def test_nested_optional_repeats_fold_into_one() -> None:
 
 
 def test_long_patterns_are_excerpted_in_errors() -> None:
-    pattern = "a" * 500 + "(?=x)" + "b" * 500
+    pattern = "a" * 500 + "(?>x)" + "b" * 500
     with pytest.raises(RegexError) as caught:
         regex_to_node(pattern)
     assert caught.value.position == 500
     assert len(str(caught.value)) < 200
+
+
+# Anchors inside groups and alternatives, and lookarounds (issue 61): `re` stays the oracle.
+ANCHORED_PATTERNS = [
+    r"(^[0-9]+\.[0-9]+$)",
+    r"^$|(^a+b)",
+    r"^([^,]|$)",
+    r"(^|,)ab(,|$)",
+    r"(a|^)b",
+    r"x(^|y)",
+    r"(^a)?b",
+    r"a($)?b?",
+    r"(?:^|-)z$",
+    r"((^a|b)|c$)",
+]
+LOOKAROUND_PATTERNS = [
+    r"^(?!foo)[a-z]+$",
+    r"(?=.*[A-Z])(?=.*\d)[A-Za-z\d]{3,}",
+    r"foo(?!bar)",
+    r"(?<!a)b",
+    r"(?<=a)b+$",
+    r"^(?!.*--)[a-z-]+$",
+    r"^(?=a)(?!ab)\w+",
+    r"a(?<=[ab])c(?=d|$)",
+    r"(?<=^a)b|c(?=$)",
+    r"(?!)|x",
+]
+LOOKAROUND_SETTINGS = settings(max_examples=60, deadline=None,
+                               suppress_health_check=[HealthCheck.too_slow])
+
+
+@pytest.mark.parametrize("pattern", ANCHORED_PATTERNS + LOOKAROUND_PATTERNS)
+@LOOKAROUND_SETTINGS
+@given(data=st.data())
+def test_anchors_anywhere_and_lookarounds_agree_with_re(pattern: str, data: st.DataObject) -> None:
+    """Search and full-match languages on short texts over the pattern's own characters (so
+    the lookarounds' conditions hold about as often as not)."""
+    pool = sorted(set(pattern) - set("\\^$()?!=<[]{}|*+.") | set("aAb1-,\n"))
+    text = data.draw(st.text(st.sampled_from(pool), max_size=10), label="text")
+    assert search_grammar(pattern).matches(text) == (oracle(pattern).search(text) is not None)
+    full = oracle(pattern).fullmatch(text) is not None
+    try:
+        assert grammar(pattern).matches(text) == full
+    except RegexError as caught:  # a full match is impossible (e.g. `(?<!a)b` at the start)
+        assert "matches no string" in str(caught) and not full
+
+
+def test_anchors_that_cannot_hold_leave_their_branch_out() -> None:
+    assert search_grammar(r"a^b|c").matches("xcx")
+    assert not search_grammar(r"a^b|c").matches("a^b")
+    assert regex_to_node_search(r"(^ab$)") == Literal(b"ab")
+    assert regex_to_node_search(r"a^b|c$d") == Choice(())  # a search that never succeeds
+
+
+@pytest.mark.parametrize(
+    ("name", "prefixes"),
+    [("L", ("L",)), ("Letter", ("L",)), ("Lu", ("Lu",)), ("gc=Nd", ("Nd",)),
+     ("General_Category=Punctuation", ("P",)), ("LC", ("Lu", "Ll", "Lt")), ("Zs", ("Zs",)),
+     ("Other_Symbol", ("So",))],
+)
+@FAST
+@given(char=st.characters(exclude_categories=("Cs",)))
+def test_unicode_property_classes_follow_unicodedata(name: str, prefixes: tuple[str, ...],
+                                                     char: str) -> None:
+    import unicodedata
+
+    inside = unicodedata.category(char).startswith(prefixes)
+    assert grammar(rf"\p{{{name}}}").matches(char) == inside
+    assert grammar(rf"\P{{{name}}}").matches(char) == (not inside)
+    assert grammar(rf"[^\p{{{name}}}x]").matches(char) == (not inside and char != "x")
+
+
+def test_unicode_properties_any_ascii_assigned() -> None:
+    assert grammar(r"\p{Any}+").matches("a\n😀")
+    assert grammar(r"\p{ASCII}+").matches("a~\x00") and not grammar(r"\p{ASCII}").matches("é")
+    assert grammar(r"\p{Assigned}").matches("é") and not grammar(r"\p{Assigned}").matches("\u0378")

@@ -2,24 +2,36 @@
 
 `schema_to_rules(schema, prefix=...)` lowers the schema to a normal form (a union of per-type
 atoms, `normal`; keywords to atoms in `lower`) and emits IR from it (`emit`); JSON tokens are in
-`lexical`, regular-language operations in `regular`, formats in `formats`.
+`lexical`, regular-language operations in `regular`, formats in `formats`, `$ref` targets in
+`refs`.
 `expand_json_schemas` replaces a grammar's `JsonSchema` nodes by such rules before the grammar
 is compiled (`Grammar.program`): the compiler never sees a schema.
 
 Exact or an error
     A keyword is enforced exactly or rejected at compile time with `UnsupportedSchemaError`
     (keyword and JSON pointer), never silently skipped. Not expressible by any grammar:
-    `uniqueItems` (unless `maxItems` <= 1), `oneOf`'s "exactly one", `$dynamicRef` /
-    `$recursiveRef`. Not supported (yet): `unevaluatedItems`, `unevaluatedProperties` next to
-    combinators or `$ref`, `contains` with `prefixItems` / `maxItems` / `minItems` > 1 /
-    `maxContains` / `minContains` > 1, `not` of forms other than type, enum/const (strings,
-    null, booleans), required, pattern, length / item / numeric bounds, properties, anyOf,
-    allOf, not, $ref; `if` whose condition cannot be negated; `multipleOf` beyond k/10^d with
-    small k; patterns outside the regex subset (`pegmask.grammars.regex`); remote `$ref`.
+    `uniqueItems` unless the items come from a finite set of values (enum, const, booleans,
+    null; `emit.MAX_UNIQUE_STATES`) or `maxItems` <= 1, `$recursiveRef`. Not supported (yet):
+    `unevaluatedItems` / `unevaluatedProperties` beside `anyOf` / `oneOf` / `if` /
+    `dependentSchemas` that evaluate items / properties (beside `allOf`, `$ref`,
+    `$dynamicRef` they are exact: what those evaluate is static), `unevaluatedItems` beside
+    `contains`, `contains` with `prefixItems` / `maxItems` / `minItems` > 1 / `maxContains` /
+    `minContains` > 1, `not` of forms other than type, enum/const (strings, null, booleans),
+    required, pattern, length / item / numeric bounds, properties, items, anyOf, allOf,
+    disjoint oneOf, not, $ref, "not integer" (the non-integral decimals); `if` whose
+    condition cannot be negated; `multipleOf` beyond k/10^d with small k; patterns outside the
+    regex subset (`pegmask.grammars.regex`); remote `$ref` and a `$schema` naming a custom
+    meta-schema (nothing is downloaded).
     `ignore_keywords=("uniqueItems", ...)` drops the named keywords everywhere, on request:
     the grammar is then looser than the schema.
-Approximation
-    `oneOf` is compiled as `anyOf` (values matching several branches are accepted).
+oneOf
+    Exact: branches `Algebra.disjoint` proves disjoint (type, const / enum, a required
+    discriminator, numeric ranges, string lengths / languages, array lengths and items, keys
+    a closed object forbids; within the schema's own type keywords) are a union; a branch
+    that may overlap another is intersected with that one's complement (`Lowering.negate`,
+    atom by atom where only the branch's own atoms make it expressible: a closed object's
+    keys). Otherwise `UnsupportedSchemaError`; `one_of="any"` compiles the union instead
+    (values matching several branches are then accepted too).
 Annotations
     Unknown keywords (`title`, `description`, `default`, `examples`, `readOnly`, vendor
     `x-...`, ...) are ignored, and so are unknown `format`s (JSON Schema's default); the known
@@ -45,13 +57,17 @@ Strings
     bound that a pattern's structure cannot absorb costs rules of about 2*sqrt(maxLength)
     nested calls and is refused above `regular.MAX_RULE_DEPTH`.
 Numbers
-    Integers are spelled without fraction or exponent; bounds are exact (digit ranges, also for
-    decimals such as 0.25); exponent notation is accepted where the sign alone decides the
-    bounds (e.g. `minimum: 0`), else not. Constants accept their canonical spelling (an
+    Integers are spelled without fraction or exponent (a generation choice, the third beside
+    asserted formats and schema property order: JSON Schema counts `1.0` as an integer);
+    bounds are exact (digit ranges, also for decimals such as 0.25); exponent notation is
+    accepted where the sign alone decides the bounds (e.g. `minimum: 0`), else not. Constants accept their canonical spelling (an
     integral value also as `N.0`).
 References
-    Local only (`#`, JSON pointers with `~0 ~1 %xx` escapes, `$anchor`, `$id`s in the
-    document); recursion becomes grammar recursion. Siblings of `$ref` are ignored for drafts
+    As the specification resolves them, within the document (`refs`): base URIs from `$id` at
+    every level, fragments as JSON pointers (`~0 ~1 %xx` escapes) or `$anchor`s of the
+    resource the base names, `$dynamicRef` by the dynamic scope, which is static per path
+    through the schema (the lowering is memoized per location and scope); recursion becomes
+    grammar recursion. Siblings of `$ref` are ignored for drafts
     3-7 (the draft rule) and applied for 2019-09, 2020-12 and schemas without `$schema`.
 Whitespace
     "flexible" (default): up to `max_whitespace` (default 32) whitespace characters between
@@ -65,10 +81,12 @@ Bad schemas
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterable
 from typing import Any
 
+from pegmask.grammars.bounded_cache import BoundedCache
 from pegmask.grammars.errors import GrammarError, SchemaError
 from pegmask.grammars.ir import (
     Capture,
@@ -88,6 +106,7 @@ PROPERTY_ORDERS = ("schema", "any")
 DEFAULT_MAX_WHITESPACE = 32
 ANY_ORDER_MAX_PROPERTIES = 8
 STRICT_MODES = (False, True, "declared")
+ONE_OF_MODES = ("exact", "any")
 
 
 def schema_to_rules(
@@ -101,6 +120,7 @@ def schema_to_rules(
     strict: bool | str = False,
     ignore_keywords: Iterable[str] = (),
     raw_until: str | None = None,
+    one_of: str = "exact",
 ) -> tuple[Node, dict[str, Node]]:
     """IR for the JSON texts valid under `schema`: (root node, rules it references).
 
@@ -123,9 +143,11 @@ def schema_to_rules(
         raise GrammarError("max_whitespace must be a non-negative integer")
     if strict not in STRICT_MODES:
         raise GrammarError(f"strict must be one of {STRICT_MODES}, not {strict!r}")
+    if one_of not in ONE_OF_MODES:
+        raise GrammarError(f"one_of must be one of {ONE_OF_MODES}, not {one_of!r}")
     if isinstance(ignore_keywords, str):
         ignore_keywords = (ignore_keywords,)
-    lowering = Lowering(schema, strict=strict, ignore=frozenset(ignore_keywords))
+    lowering = Lowering(schema, strict=strict, ignore=frozenset(ignore_keywords), one_of=one_of)
     try:
         root_schema = lowering.lower(schema, "")
         emitter = Emitter(lowering, prefix=prefix, common=common,
@@ -142,20 +164,44 @@ def schema_to_rules(
     return root, rules
 
 
+#: each schema's rules, kept across grammars: a tool list is mostly the same from one request
+#: to the next (bounded: entries, and bytes estimated from the schema text and the rule count)
+SCHEMA_RULES_CACHE: BoundedCache[tuple[Node, dict[str, Node]]] = BoundedCache(
+    max_entries=4096, max_bytes=64 << 20)
+_RULE_BYTES = 512  # estimated bytes of one generated rule
+
+
+def schema_prefix(node: JsonSchema) -> str:
+    """The rule-name prefix of a schema's rules: from its text and options, not its place in
+    the grammar, so that its rules are the same in every grammar that holds it (cacheable)."""
+    digest = hashlib.blake2b(repr((node.schema_json, node.options)).encode(), digest_size=6)
+    return f"json_{digest.hexdigest()}"
+
+
 def expand_json_schemas(ir: GrammarIR) -> GrammarIR:
     """Replace every `JsonSchema` node by the rules of the JSON Schema front-end.
 
-    Schemas with the same whitespace share the rules that depend on no schema (a dialect's
-    tools: one whitespace rule, not one per tool). Only the grammar's own rules are
-    rewritten, each distinct node once (by identity: hashing
-    a frozen node rehashes its whole subtree, so a value-keyed memo costs more than it saves).
-    The front-end's rules are taken as they are: they contain no `JsonSchema` node, and
-    copying them took about a quarter of a large schema's compile time.
+    Each schema's rules are named by its content (`schema_prefix`) and built on their own (the
+    rules that depend on no schema, only on the whitespace, under one shared name per
+    whitespace: a dialect's tools share one whitespace rule, not one per tool), so they are
+    taken from `SCHEMA_RULES_CACHE` when another grammar built them: the grammar is the same
+    with the cache as without. Only the grammar's own rules are rewritten, each distinct node
+    once (by identity: hashing a frozen node rehashes its whole subtree, so a value-keyed memo
+    costs more than it saves). The front-end's rules are taken as they are: they contain no
+    `JsonSchema` node, and copying them took about a quarter of a large schema's compile time.
     """
     extra: dict[str, Node] = {}
     cache: dict[JsonSchema, Node] = {}
     memo: dict[int, Node] = {}  # by id: `ir` keeps every node it rewrites alive meanwhile
-    commons: dict[int, CommonRules] = {}  # by whitespace
+    prefixes: dict[str, JsonSchema] = {}
+
+    def build(node: JsonSchema, prefix: str) -> tuple[tuple[Node, dict[str, Node]], int]:
+        options = dict(node.options)
+        spaces = (options.get("max_whitespace", DEFAULT_MAX_WHITESPACE)
+                  if options.get("whitespace", "flexible") == "flexible" else 0)
+        root, rules = schema_to_rules(json.loads(node.schema_json), prefix=prefix,
+                                      common=CommonRules(f"json_w{spaces}"), **options)
+        return (root, rules), len(node.schema_json) + _RULE_BYTES * len(rules)
 
     def rewrite(node: Node) -> Node:
         key = id(node)
@@ -166,14 +212,11 @@ def expand_json_schemas(ir: GrammarIR) -> GrammarIR:
     def _rewrite(node: Node) -> Node:
         if isinstance(node, JsonSchema):
             if node not in cache:
-                options = dict(node.options)
-                spaces = (options.get("max_whitespace", DEFAULT_MAX_WHITESPACE)
-                          if options.get("whitespace", "flexible") == "flexible" else 0)
-                if spaces not in commons:
-                    commons[spaces] = CommonRules(f"json_w{spaces}")
-                root, rules = schema_to_rules(
-                    json.loads(node.schema_json), prefix=f"json{len(cache)}",
-                    common=commons[spaces], **options)
+                prefix = base = schema_prefix(node)
+                while prefixes.setdefault(prefix, node) != node:  # a digest collision
+                    prefix = f"{base}x{len(prefixes)}"
+                root, rules = SCHEMA_RULES_CACHE.get_or_build(
+                    (node, prefix), lambda: build(node, prefix))
                 extra.update(rules)
                 cache[node] = root
             return cache[node]
@@ -197,5 +240,5 @@ def expand_json_schemas(ir: GrammarIR) -> GrammarIR:
     return GrammarIR(rules, ir.start, ir.specials)  # the front-end's rules read no special
 
 
-__all__ = ["ANY_ORDER_MAX_PROPERTIES", "DEFAULT_MAX_WHITESPACE", "expand_json_schemas",
-           "schema_to_rules"]
+__all__ = ["ANY_ORDER_MAX_PROPERTIES", "DEFAULT_MAX_WHITESPACE", "SCHEMA_RULES_CACHE",
+           "expand_json_schemas", "schema_prefix", "schema_to_rules"]

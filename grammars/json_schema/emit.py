@@ -32,6 +32,7 @@ from pegmask.grammars.ir import (
 from pegmask.grammars.json_schema.lexical import (
     ALL,
     INTEGER,
+    NON_INTEGRAL,
     NOT_PLAIN,
     NUMBER,
     PLAIN,
@@ -66,6 +67,7 @@ from pegmask.grammars.json_schema.regular import (
     language_ir,
     not_in_node,
     restrict_length,
+    without_words,
 )
 from pegmask.grammars.program import instruction_count
 
@@ -76,6 +78,7 @@ NEVER_NODE = Choice(())
 MAX_KEY_REGIONS = 32
 ANY_ORDER_BUDGET = 2048  # any-order states (2^slots per object) per schema; then schema order
 MAX_RULES = 50_000
+MAX_UNIQUE_STATES = 1024  # sets of items written so far that a `uniqueItems` array may reach
 _MAX_COUNTED_SLOTS = 64  # minProperties / maxProperties counting: one rule call per slot
 _SMALL = 24  # nodes of up to about this many instructions are copied instead of shared
 _ANY_TEXT = Repeat(CharClass(((0, MAX_UNICODE),)), 0, None)
@@ -308,6 +311,8 @@ class Emitter:
                 return self.shared("int", lambda: INTEGER)
             node = integer_range(lo, hi)
         elif atom.minimum is None and atom.maximum is None:
+            if atom.fractional and not atom.multiple_of:
+                return self.shared("frac", lambda: NON_INTEGRAL)
             node = NUMBER if atom.multiple_of else self.shared("num", lambda: NUMBER)
         else:
             try:
@@ -319,7 +324,18 @@ class Emitter:
             return self.never()
         if atom.multiple_of:
             node = self.multiple_of(node, atom)
+        if atom.fractional:
+            node = self.non_integral(node, atom)
         return node
+
+    def non_integral(self, node: Node, atom: NumberAtom) -> Node:
+        """The non-integral spellings within `node` ("number, not integer")."""
+        try:
+            result = CharDFA.from_node(node).intersect(CharDFA.from_node(NON_INTEGRAL))
+        except RegularTooLarge as exc:
+            raise UnsupportedSchemaError("not", atom.pointer, f"not integer: {exc}") from exc
+        spelled = self.spell(Bounded(result), "not", atom.pointer)
+        return self.never() if spelled is None else spelled
 
     def multiple_of(self, node: Node, atom: NumberAtom) -> Node:
         steps = atom.multiple_of
@@ -372,13 +388,27 @@ class Emitter:
             raise UnsupportedSchemaError(_string_keyword(atom), atom.pointer, str(exc)) from exc
         return Bounded(dfa, lo, hi)
 
-    def spell(self, language: Language | None, keyword: str, pointer: str) -> Node | None:
-        """JSON spellings of a character language (see `language_ir`); None when empty."""
-        if language is None:
+    def spell(self, language: Language | None, keyword: str, pointer: str,
+              without: tuple[CharDFA, list[str]] | None = None) -> Node | None:
+        """JSON spellings of a character language (see `language_ir`); None when empty.
+        `without` (a DFA and words) is the same language as a difference, spelled by
+        `without_words` where `language` has no compact form (or is None: not computed)."""
+        if language is None and without is None:
             return None
         base = self.fresh("s")
+
+        def name(key: tuple) -> str:
+            return base + "_" + "_".join(map(str, key))
+
         try:
-            made = language_ir(language, lambda key: base + "_" + "_".join(map(str, key)))
+            try:
+                if language is None:
+                    raise RegularTooLarge("the difference was not computed")
+                made = language_ir(language, name)
+            except RegularTooLarge:
+                if without is None:
+                    raise
+                made = without_words(*without, name)
         except (RegularTooLarge, NotCharLevel) as exc:
             raise UnsupportedSchemaError(keyword, pointer, str(exc)) from exc
         if made is None:
@@ -390,6 +420,8 @@ class Emitter:
 
     # ----------------------------------------------------------------- arrays
     def array(self, atom: ArrayAtom) -> Node:
+        if atom.unique:
+            return self.unique_array(atom)
         lo, hi = atom.min_items, atom.max_items
         prefix: list[Node] = []
         rest: Node | None = None
@@ -425,6 +457,72 @@ class Emitter:
         assert rest is not None
         more = self.repeat(seq(self.sep, rest), max(0, lo - i - 1), None if hi is None else hi - i - 1)
         return seq(lead, rest, more)
+
+    def unique_array(self, atom: ArrayAtom) -> Node:
+        """`uniqueItems` where every position's items come from a finite set of values (enum,
+        const, booleans, null): a rule per set of values written so far, offering only the
+        values not in it, so a duplicate can never be written. The set decides the position
+        (its size) and whether `contains` holds, so it is the whole state."""
+        domains = [self.finite_values(s) for s in atom.prefix]
+        rest = self.finite_values(ANY if atom.items is None else atom.items)
+        if any(d is None for d in domains) or (rest is None and (
+                atom.max_items is None or atom.max_items > len(domains))):
+            raise UnsupportedSchemaError("uniqueItems", atom.pointer, "only for items from a finite "
+                                         "set of values (enum, const, boolean, null)")
+        values = {v.key: v for d in [*domains, rest or []] for v in d or []}
+        literals = {key: self.share(value_literal(v.value, self.ws)) for key, v in values.items()}
+        satisfies = {key: [self.algebra.accepts(c, v.value) for c in atom.contains]
+                     for key, v in values.items()}
+        made: dict[frozenset[str], Ref | None] = {}
+
+        def state(used: frozenset[str]) -> Ref | None:
+            """The rule after writing the values `used` (None: no valid way to go on)."""
+            if used in made:
+                return made[used]
+            if len(made) >= MAX_UNIQUE_STATES:
+                raise UnsupportedSchemaError(
+                    "uniqueItems", atom.pointer, f"the arrays need more than {MAX_UNIQUE_STATES} "
+                    f"grammar states (sets of distinct items out of {len(values)} values)")
+            made[used] = None
+            i = len(used)
+            alts: list[Node] = []
+            if i >= atom.min_items and all(any(satisfies[k][c] for k in used)
+                                           for c in range(len(atom.contains))):
+                alts.append(Literal(b"]") if i == 0 else seq(self.ws, Literal(b"]")))
+            domain = domains[i] if i < len(domains) else rest or []
+            if atom.max_items is None or i < atom.max_items:
+                for value in domain:
+                    if value.key not in used and (after := state(used | {value.key})) is not None:
+                        alts.append(seq(self.sep if i else EMPTY, literals[value.key], after))
+            if alts:
+                name = self.new_name("u")
+                self.rules[name] = choice(*alts)
+                made[used] = Ref(name)
+            return made[used]
+
+        start = state(frozenset())
+        return self.never() if start is None else seq(Literal(b"["), self.ws, start)
+
+    def finite_values(self, schema: Schema, depth: int = 0) -> list[ConstAtom] | None:
+        """The values valid under `schema` when they are few and known (constants, booleans,
+        null), without duplicates; None otherwise."""
+        values: dict[str, ConstAtom] = {}
+        for atom in schema.atoms:
+            if isinstance(atom, RefAtom):
+                found = self.finite_values(self.algebra.expand_ref(atom), depth + 1) \
+                    if depth < 8 else None
+            elif isinstance(atom, ConstAtom):
+                found = [atom]
+            elif isinstance(atom, BoolAtom):
+                found = [ConstAtom.of(True), ConstAtom.of(False)]
+            elif isinstance(atom, NullAtom):
+                found = [ConstAtom.of(None)]
+            else:
+                found = None
+            if found is None:
+                return None
+            values.update((v.key, v) for v in found)
+        return list(values.values())
 
     def array_contains(self, atom: ArrayAtom, rest: Node | None) -> Node:
         """`contains` (at least one match) for a homogeneous array without a maximum."""
@@ -534,8 +632,9 @@ class Emitter:
         """A quoted key matching every `chosen` pattern, no `others`, none of `names`, and
         valid under `propertyNames` (None when no such key exists)."""
         lowering = self.lowering
+        without: tuple[CharDFA, list[str]] | None = None  # the language as a difference
         try:
-            language: Language
+            language: Language | None
             if not chosen and not others and not atom.property_names:
                 language = not_in_node(names) if names else _ANY_TEXT
             else:
@@ -544,10 +643,18 @@ class Emitter:
                     bounded.dfa = bounded.dfa.intersect(lowering.regex_dfa("pattern", p, atom.pointer))
                 for p in others:
                     bounded.dfa = bounded.dfa.difference(lowering.regex_dfa("pattern", p, atom.pointer))
-                if names:
-                    bounded.dfa = bounded.dfa.difference(CharDFA.from_strings(names))
                 for schema in atom.property_names:
                     bounded = bounded.intersect(self.key_language(schema))
+                clashing = [n for n in names if bounded.dfa.matches(n)]  # others are no keys here
+                if clashing and bounded.lo == 0 and bounded.hi is None:
+                    without = (bounded.dfa, clashing)
+                try:
+                    if clashing:
+                        bounded.dfa = bounded.dfa.difference(CharDFA.from_strings(clashing))
+                except RegularTooLarge:
+                    if without is None:
+                        raise
+                    return self.quoted(self.spell(None, "patternProperties", atom.pointer, without))
                 language = bounded
                 for p in chosen:  # a pattern that already says it all keeps its IR
                     if bounded.dfa.equivalent(lowering.regex_dfa("pattern", p, atom.pointer)):
@@ -557,7 +664,10 @@ class Emitter:
                         break
         except (RegularTooLarge, NotCharLevel) as exc:
             raise UnsupportedSchemaError("patternProperties", atom.pointer, str(exc)) from exc
-        encoded = self.spell(language, "patternProperties", atom.pointer)
+        return self.quoted(self.spell(language, "patternProperties", atom.pointer, without))
+
+    @staticmethod
+    def quoted(encoded: Node | None) -> Node | None:
         return None if encoded is None else seq(QUOTE, encoded, QUOTE)
 
     def key_language(self, schema: Schema) -> Bounded:

@@ -128,6 +128,9 @@ FRACTION = seq(Literal(b"."), DIGITS)
 EXPONENT = seq(CharClass(((0x45, 0x45), (0x65, 0x65))), optional(CharClass(((0x2B, 0x2B), (0x2D, 0x2D)))), DIGITS)
 INTEGER = seq(optional(Literal(b"-")), choice(Literal(b"0"), seq(NONZERO, Repeat(DIGIT, 0, None))))
 NUMBER = seq(INTEGER, optional(FRACTION), optional(EXPONENT))
+# Numbers that are not integers (JSON Schema counts `1.0` as one): a fraction with a non-zero
+# digit and no exponent, the only non-integral spellings the grammar generates.
+NON_INTEGRAL = seq(INTEGER, Literal(b"."), Repeat(Literal(b"0"), 0, None), NONZERO, Repeat(DIGIT, 0, None))
 
 
 def _fraction_digits(value: Decimal) -> tuple[int, str]:

@@ -8,7 +8,6 @@ import math
 from collections.abc import Iterable
 from decimal import Decimal
 from typing import Any
-from urllib.parse import unquote
 
 from pegmask.grammars.errors import GrammarError, SchemaError, UnsupportedSchemaError
 from pegmask.grammars.ir import Node
@@ -18,6 +17,7 @@ from pegmask.grammars.json_schema.normal import (
     NEVER,
     Algebra,
     ArrayAtom,
+    Atom,
     AtomSet,
     BoolAtom,
     ConstAtom,
@@ -32,6 +32,7 @@ from pegmask.grammars.json_schema.normal import (
     is_number,
     to_decimal,
 )
+from pegmask.grammars.json_schema.refs import Resources
 from pegmask.grammars.json_schema.regular import CharDFA, NotCharLevel, RegularTooLarge
 from pegmask.grammars.regex import regex_to_node_search
 
@@ -40,34 +41,42 @@ _NON_OBJECT = Schema(tuple(a for a in ANY.atoms if not isinstance(a, ObjectAtom)
 
 # Keywords no grammar can express (or not yet); any other keyword this module does not read
 # is an annotation.
-_UNSUPPORTED = ("$dynamicRef", "$recursiveRef", "unevaluatedItems")
-_COMBINATORS = ("allOf", "anyOf", "oneOf", "not", "$ref", "dependentSchemas", "dependencies", "if")
+_UNSUPPORTED = ("$recursiveRef",)
+_COMBINATORS = ("allOf", "anyOf", "oneOf", "not", "$ref", "$dynamicRef", "dependentSchemas", "dependencies", "if")
 
 
 class Lowering:
     """JSON Schema (dicts) to the normal form, with `$ref` resolution over the document."""
 
-    def __init__(self, document: Any, *, strict: bool | str, ignore: frozenset[str]):
+    def __init__(self, document: Any, *, strict: bool | str, ignore: frozenset[str],
+                 one_of: str = "exact"):
         self.document = document
         self.strict = strict
+        self.one_of = one_of
         self.ignore = ignore
+        _check_dialect(document)
         self.legacy_refs = _legacy_draft(document)
-        self.ids: dict[str, str] = {}
-        self._index_ids(document, "")
-        self._lowered: dict[str, Schema] = {}
-        self._lowering: set[str] = set()
+        self.refs = Resources(document, _subschemas, legacy_ids=_draft_uses_id(document))
+        self.scope: tuple[str, ...] = ()  # the dynamic scope of what is being lowered
+        self._lowered: dict[tuple[str, tuple[str, ...]], Schema] = {}
+        self._lowering: set[tuple[str, tuple[str, ...]]] = set()
+        self._negating: set[tuple] = set()
         self._regex_dfas: dict[tuple[str, str], CharDFA] = {}
         self._regex_nodes: dict[str, Node] = {}
-        self.algebra = Algebra(self.expand, self.matches)
+        self.algebra = Algebra(self.expand, self.matches, self.regex_dfa)
 
     # ----------------------------------------------------------------- references
     def expand(self, key: tuple) -> Schema:
-        """Content of a `RefAtom` key: ("ref", pointer), ("with", key, stored index) or
-        ("and", key, key, ...)."""
+        """Content of a `RefAtom` key: ("ref", pointer, dynamic scope), ("with", key, stored
+        index) or ("and", key, key, ...)."""
         if key[0] == "ref":
-            if key[1] in self._lowering:
+            if key[1:] in self._lowering:
                 raise PendingRef(key[1])
-            return self.lower(self.at_pointer(key[1]), key[1])
+            outer, self.scope = self.scope, key[2]
+            try:
+                return self.lower(self.at_pointer(key[1]), key[1])
+            finally:
+                self.scope = outer
         if key[0] == "with":
             return self.algebra.intersect(self.expand(key[1]), self.algebra.stored[key[2]])
         result = ANY
@@ -75,44 +84,19 @@ class Lowering:
             result = self.algebra.intersect(result, self.expand(part))
         return result
 
-    def _index_ids(self, schema: Any, pointer: str) -> None:
-        if not isinstance(schema, dict):
-            return
-        for name in ("$id", "id"):
-            if isinstance(schema.get(name), str):
-                self.ids.setdefault(schema[name].rstrip("#"), pointer)
-        if isinstance(schema.get("$anchor"), str):
-            self.ids.setdefault("#" + schema["$anchor"], pointer)
-        for key, sub in _subschemas(schema):
-            self._index_ids(sub, f"{pointer}/{key}")
-
-    def resolve(self, ref: str, pointer: str) -> str:
-        """The JSON pointer (in this document) that `ref` names."""
-        base, _, fragment = ref.partition("#")
-        target = ""
-        if base:
-            candidates = [p for uri, p in self.ids.items()
-                          if uri == base or uri.rsplit("/", 1)[-1] == base.rsplit("/", 1)[-1]]
-            if len(set(candidates)) != 1:
-                raise UnsupportedSchemaError("$ref", pointer, f"reference {ref!r} is not in this document")
-            target = candidates[0]
-        if fragment and not fragment.startswith("/"):
-            if "#" + fragment not in self.ids:
-                raise SchemaError(f"unresolvable $ref {ref!r}", pointer)
-            return self.ids["#" + fragment]
-        target += unquote(fragment)
-        try:
-            self.at_pointer(target)
-        except (KeyError, IndexError, ValueError, TypeError):
-            raise SchemaError(f"unresolvable $ref {ref!r}", pointer) from None
-        return target
+    def _reference(self, schema: dict[str, Any], keyword: str, pointer: str) -> Schema:
+        """The `$ref` or `$dynamicRef` of `schema`, as a named rule of its target."""
+        ref = schema[keyword]
+        if not isinstance(ref, str):
+            raise SchemaError(f"{keyword} must be a string", pointer)
+        if keyword == "$ref":
+            target = self.refs.resolve(ref, pointer)
+        else:
+            target = self.refs.resolve_dynamic(ref, pointer, self.scope)
+        return Schema((RefAtom(("ref", target, self.scope)),))
 
     def at_pointer(self, pointer: str) -> Any:
-        node = self.document
-        for token in pointer.split("/")[1:]:
-            token = token.replace("~1", "/").replace("~0", "~")
-            node = node[int(token)] if isinstance(node, list) else node[token]
-        return node
+        return self.refs.at_pointer(pointer)
 
     # ----------------------------------------------------------------- regular languages
     def regex_dfa(self, kind: str, source: str, pointer: str = "") -> CharDFA:
@@ -149,17 +133,23 @@ class Lowering:
             return NEVER
         if not isinstance(schema, dict):
             raise SchemaError(f"a schema must be an object or a boolean, not {type(schema).__name__}", pointer)
-        if pointer in self._lowered:
-            return self._lowered[pointer]
-        if pointer in self._lowering:
-            raise SchemaError("schema refers to itself without consuming input", pointer)
-        self._lowering.add(pointer)
+        outer = self.scope
+        self.scope = self.refs.entered(outer, pointer)
+        key = (pointer, self.scope)
         try:
-            result = self._lower(schema, pointer)
+            if key in self._lowered:
+                return self._lowered[key]
+            if key in self._lowering:
+                raise SchemaError("schema refers to itself without consuming input", pointer)
+            self._lowering.add(key)
+            try:
+                result = self._lower(schema, pointer)
+            finally:
+                self._lowering.discard(key)
+            self._lowered[key] = result
+            return result
         finally:
-            self._lowering.discard(pointer)
-        self._lowered[pointer] = result
-        return result
+            self.scope = outer
 
     def _lower(self, schema: dict[str, Any], pointer: str) -> Schema:
         if self.ignore:
@@ -167,18 +157,14 @@ class Lowering:
         for keyword in _UNSUPPORTED:
             if keyword in schema:
                 raise UnsupportedSchemaError(keyword, pointer)
-        if "$ref" in schema:
-            if not isinstance(schema["$ref"], str):
-                raise SchemaError("$ref must be a string", pointer)
-            target = Schema((RefAtom(("ref", self.resolve(schema["$ref"], pointer))),))
-            if self.legacy_refs:
-                return target
+        if "$ref" in schema and self.legacy_refs:
+            return self._reference(schema, "$ref", pointer)
         # Parts are intersected in the order the schema writes them: intersection does not
         # care, but "schema" property order follows it (own properties vs. $ref / allOf ones).
         result = ANY
         for part in _parts_in_order(schema):
-            if part == "$ref":
-                result = self.algebra.intersect(result, target)
+            if part in ("$ref", "$dynamicRef"):
+                result = self.algebra.intersect(result, self._reference(schema, part, pointer))
             elif part == "typed":
                 result = self.algebra.intersect(result, self._typed(schema, pointer))
             else:
@@ -206,14 +192,57 @@ class Lowering:
             for i, sub in enumerate(_list(schema, "allOf", pointer)):
                 result = self.algebra.intersect(result, self.lower(sub, f"{pointer}/allOf/{i}"))
             return result
-        if keyword in ("anyOf", "oneOf"):
-            return self.algebra.union([self.lower(sub, f"{pointer}/{keyword}/{i}")
-                                       for i, sub in enumerate(_list(schema, keyword, pointer))])
+        if keyword == "anyOf":
+            return self.algebra.union([self.lower(sub, f"{pointer}/anyOf/{i}")
+                                       for i, sub in enumerate(_list(schema, "anyOf", pointer))])
+        if keyword == "oneOf":
+            return self._one_of(schema, pointer)
         if keyword == "not":
             return self.negate(schema["not"], f"{pointer}/not")
         if keyword == "if":
             return self._conditional(schema, pointer)
         return self._dependencies(schema, pointer)
+
+    def _one_of(self, schema: dict[str, Any], pointer: str) -> Schema:
+        """Exactly one branch: the union where branches are provably disjoint (within what
+        the schema's own type keywords allow); a branch that may overlap others is
+        intersected with their complements (`negate`). Where that is not expressible, an
+        error, or with `one_of="any"` the union (values valid under several branches are
+        then accepted too)."""
+        subschemas = _list(schema, "oneOf", pointer)
+        where = [f"{pointer}/oneOf/{i}" for i in range(len(subschemas))]
+        branches = [self.lower(sub, at) for sub, at in zip(subschemas, where, strict=True)]
+        if self.one_of == "any":
+            return self.algebra.union(branches)
+        context = self._typed(schema, pointer)
+        within = [self.algebra.intersect(context, b) for b in branches]
+        exact = []
+        for i, branch in enumerate(branches):
+            for j in range(len(branches)):
+                if i == j or not within[i].atoms or self.algebra.disjoint(within[i], within[j]):
+                    continue
+                try:
+                    branch = self._complement_in(branch, subschemas[j], where[j])
+                except UnsupportedSchemaError as exc:
+                    raise UnsupportedSchemaError(
+                        "oneOf", pointer,
+                        f"branches {i} and {j} may overlap and branch {j} cannot be negated "
+                        f"({exc}); one_of=\"any\" accepts values valid under several") from exc
+            exact.append(branch)
+        return self.algebra.union(exact)
+
+    def _complement_in(self, context: Schema, other: Any, pointer: str) -> Schema:
+        """`context` minus the values of subschema `other`: with `other`'s complement, else
+        atom by atom with its complement within each (references expanded)."""
+        try:
+            return self.algebra.intersect(context, self.negate(other, pointer))
+        except UnsupportedSchemaError:
+            atoms = _expanded(self.algebra, context)
+            if atoms is None:
+                raise
+        return self.algebra.union([
+            self.algebra.intersect(Schema((atom,)), self.negate(other, pointer, atom))
+            for atom in atoms])
 
     def _typed(self, schema: dict[str, Any], pointer: str) -> Schema:
         """Atoms for `type` and the type-specific keywords."""
@@ -315,6 +344,12 @@ class Lowering:
                 rest = self.lower(schema["additionalItems"], f"{pointer}/additionalItems")
         elif items is not None:
             rest = self.lower(items, f"{pointer}/items")
+        if "unevaluatedItems" in schema and rest is None:
+            evaluated = self._evaluated_items(schema, pointer)
+            if evaluated is not None:  # None: every item is evaluated
+                unevaluated = self.lower(schema["unevaluatedItems"], f"{pointer}/unevaluatedItems")
+                prefix += tuple(ANY for _ in range(evaluated - len(prefix)))
+                rest = unevaluated
         lo = _count(schema, "minItems", pointer) or 0
         hi = _count(schema, "maxItems", pointer)
         if hi is not None and lo > hi:
@@ -331,9 +366,7 @@ class Lowering:
         unique = schema.get("uniqueItems", False)
         if not isinstance(unique, bool):
             raise SchemaError("uniqueItems must be a boolean", pointer)
-        if unique and (hi is None or hi > 1):
-            raise UnsupportedSchemaError("uniqueItems", pointer, "a grammar cannot compare items")
-        return ArrayAtom(prefix, rest, lo, hi, contains, pointer)
+        return ArrayAtom(prefix, rest, lo, hi, contains, pointer, unique and (hi is None or hi > 1))
 
     def _object(self, schema: dict[str, Any], pointer: str) -> ObjectAtom:
         properties = tuple((name, self.lower(sub, f"{pointer}/properties/{_escape(name)}"))
@@ -343,13 +376,15 @@ class Lowering:
             self.regex_node("pattern", pattern, f"{pointer}/patternProperties")
             patterns.append((pattern, self.lower(sub, f"{pointer}/patternProperties/{_escape(pattern)}")))
         additional: Schema | None = None
+        extra_rules: KeyRules | None = None  # unevaluatedProperties beside applicators
         if "additionalProperties" in schema:
             additional = self.lower(schema["additionalProperties"], f"{pointer}/additionalProperties")
         elif "unevaluatedProperties" in schema:
-            if any(k in schema for k in _COMBINATORS):
-                raise UnsupportedSchemaError(
-                    "unevaluatedProperties", pointer, "only without combinators or $ref")
-            additional = self.lower(schema["unevaluatedProperties"], f"{pointer}/unevaluatedProperties")
+            names, patterns_seen, everything = self._evaluated_properties(schema, pointer)
+            if not everything:
+                rest = self.lower(schema["unevaluatedProperties"], f"{pointer}/unevaluatedProperties")
+                extra_rules = KeyRules(tuple((n, ANY) for n in names),
+                                       tuple((p, ANY) for p in patterns_seen), rest)
         elif self.strict and _is_object_schema(schema) and (
                 self.strict != "declared" or "properties" in schema
                 or "patternProperties" in schema):
@@ -370,7 +405,66 @@ class Lowering:
         rules: tuple[KeyRules, ...] = ()
         if properties or patterns or additional is not None:
             rules = (KeyRules(properties, tuple(patterns), additional),)
+        if extra_rules is not None:
+            rules += (extra_rules,)
         return ObjectAtom(rules, frozenset(required), lo, hi, names, pointer)
+
+    # ----------------------------------------------------------------- unevaluated*
+    def _always_applied(self, schema: dict[str, Any], pointer: str, keywords: frozenset[str],
+                        keyword: str) -> list[tuple[dict[str, Any], str]]:
+        """`schema` and the subschemas applied to the same value whenever it is valid
+        (`allOf`, `$ref`, `$dynamicRef`, transitively): what they evaluate is evaluated.
+        Conditional applicators (`anyOf`, `oneOf`, `if`, `dependentSchemas`) evaluate per
+        branch; those that touch `keywords` are refused (`not` evaluates nothing)."""
+        found: list[tuple[dict[str, Any], str]] = []
+        seen: set[str] = set()
+        todo = [(schema, pointer)]
+        while todo:
+            node, at = todo.pop()
+            if not isinstance(node, dict) or at in seen:
+                continue
+            seen.add(at)
+            found.append((node, at))
+            for i, sub in enumerate(_list(node, "allOf", at)):
+                todo.append((sub, f"{at}/allOf/{i}"))
+            for ref in ("$ref", "$dynamicRef"):
+                if isinstance(node.get(ref), str):
+                    target = (self.refs.resolve(node[ref], at) if ref == "$ref"
+                              else self.refs.resolve_dynamic(node[ref], at, self.scope))
+                    todo.append((self.at_pointer(target), target))
+            for applicator in ("anyOf", "oneOf", "if", "then", "else", "dependentSchemas"):
+                if applicator in node and _mentions(node[applicator], keywords):
+                    raise UnsupportedSchemaError(
+                        keyword, pointer, f"beside {applicator} that evaluates {keyword[11:].lower()}")
+        return found
+
+    def _evaluated_properties(self, schema: dict[str, Any], pointer: str
+                              ) -> tuple[list[str], list[str], bool]:
+        """(names, patterns, everything) that `properties`-like keywords evaluate here."""
+        names: list[str] = []
+        patterns: list[str] = []
+        for node, at in self._always_applied(schema, pointer, _PROPERTY_KEYWORDS,
+                                             "unevaluatedProperties"):
+            if ("additionalProperties" in node
+                    or node is not schema and "unevaluatedProperties" in node):
+                return [], [], True
+            names += [n for n in _dict(node, "properties", at) if n not in names]
+            patterns += [p for p in _dict(node, "patternProperties", at) if p not in patterns]
+        return names, patterns, False
+
+    def _evaluated_items(self, schema: dict[str, Any], pointer: str) -> int | None:
+        """How many leading items the item keywords evaluate here (None: all of them)."""
+        count = 0
+        for node, _at in self._always_applied(schema, pointer, _ITEM_KEYWORDS, "unevaluatedItems"):
+            if "contains" in node:
+                raise UnsupportedSchemaError("unevaluatedItems", pointer, "beside contains")
+            items = node.get("items")
+            if (isinstance(items, (dict, bool)) or "additionalItems" in node
+                    or node is not schema and "unevaluatedItems" in node):
+                return None
+            prefix = node.get("prefixItems", items if isinstance(items, list) else [])
+            count = max(count, len(prefix) if isinstance(prefix, list) else 0)
+        return count
 
     def _dependencies(self, schema: dict[str, Any], pointer: str) -> Schema:
         """`dependentRequired` / `dependentSchemas` / `dependencies` as a union per key:
@@ -404,8 +498,10 @@ class Lowering:
                                    self.algebra.intersect(negated, otherwise)])
 
     # ----------------------------------------------------------------- not
-    def negate(self, schema: Any, pointer: str) -> Schema:
-        """The complement of a subschema, for the forms a grammar can express."""
+    def negate(self, schema: Any, pointer: str, within: Atom | None = None) -> Schema:
+        """The complement of a subschema, for the forms a grammar can express. With
+        `within`, only its intersection with that atom has to be right: some complements
+        are expressible there only (a closed object's keys are known)."""
         if schema is True or schema == {}:
             return NEVER
         if schema is False:
@@ -413,9 +509,10 @@ class Lowering:
         if not isinstance(schema, dict):
             raise SchemaError("not must be a schema", pointer)
         groups = _assertion_groups(schema)
-        return self.algebra.union([self._negate_group(schema, g, pointer) for g in groups])
+        return self.algebra.union([self._negate_group(schema, g, pointer, within) for g in groups])
 
-    def _negate_group(self, schema: dict[str, Any], group: tuple[str, ...], pointer: str) -> Schema:
+    def _negate_group(self, schema: dict[str, Any], group: tuple[str, ...], pointer: str,
+                      within: Atom | None = None) -> Schema:
         """The complement of one keyword group. A type-specific keyword accepts every other
         type, so its complement lies within its own type."""
         keyword = group[0]
@@ -423,9 +520,12 @@ class Lowering:
         algebra = self.algebra
         if group == ("type",):
             kept = self._typed({"type": value}, pointer)
+            rest = tuple(a for a in ANY.atoms if a not in kept.atoms)
             if any(isinstance(a, NumberAtom) and a.integer for a in kept.atoms):
-                raise UnsupportedSchemaError("not", pointer, "not integer")
-            return Schema(tuple(a for a in ANY.atoms if a not in kept.atoms))
+                # Not integer: the non-integral numbers, in place of all numbers.
+                rest = tuple(NumberAtom(fractional=True) if isinstance(a, NumberAtom) else a
+                             for a in rest)
+            return Schema(rest)
         if keyword in ("enum", "const"):
             values = [value] if keyword == "const" else value
             if not isinstance(values, list):
@@ -457,31 +557,86 @@ class Lowering:
         if group == ("anyOf",):
             result = ANY
             for i, sub in enumerate(_list(schema, "anyOf", pointer)):
-                result = algebra.intersect(result, self.negate(sub, f"{pointer}/anyOf/{i}"))
+                result = algebra.intersect(result, self.negate(sub, f"{pointer}/anyOf/{i}", within))
+            return result
+        if group == ("oneOf",):
+            subschemas = _list(schema, "oneOf", pointer)
+            branches = [self.lower(sub, f"{pointer}/oneOf/{i}") for i, sub in enumerate(subschemas)]
+            if not all(algebra.disjoint(a, b) for i, a in enumerate(branches) for b in branches[i + 1:]):
+                raise UnsupportedSchemaError("not", pointer, "cannot negate oneOf (overlapping branches)")
+            result = ANY  # disjoint branches: "exactly one" is "any"
+            for i, sub in enumerate(subschemas):
+                result = algebra.intersect(result, self.negate(sub, f"{pointer}/oneOf/{i}", within))
             return result
         if group == ("allOf",):
-            return algebra.union([self.negate(sub, f"{pointer}/allOf/{i}")
+            return algebra.union([self.negate(sub, f"{pointer}/allOf/{i}", within)
                                   for i, sub in enumerate(_list(schema, "allOf", pointer))])
         if group == ("not",):
             return self.lower(value, f"{pointer}/not")
-        if group == ("$ref",):
-            target = self.resolve(value, pointer)
-            if target in self._lowering:
+        if group in (("$ref",), ("$dynamicRef",)):
+            (atom,) = self._reference(schema, keyword, pointer).atoms
+            if atom.key[1:] in self._lowering or atom.key in self._negating:
                 raise UnsupportedSchemaError("not", pointer, "recursive schema under not")
-            self._lowering.add(target)
+            self._negating.add(atom.key)
+            outer, self.scope = self.scope, self.refs.entered(self.scope, atom.key[1])
             try:
-                return self.negate(self.at_pointer(target), target)
+                return self.negate(self.at_pointer(atom.key[1]), atom.key[1], within)
             finally:
-                self._lowering.discard(target)
+                self.scope = outer
+                self._negating.discard(atom.key)
+        if group == ("format",) and (value not in FORMATS or isinstance(within, StringAtom)
+                                     and value in within.formats):
+            return NEVER  # an annotation, or a format the context asserts already
+        if "additionalProperties" in group and "patternProperties" not in group:
+            return self._negate_closed(schema, pointer, within)
+        if group == ("items",) and isinstance(within, (NullAtom, BoolAtom, NumberAtom, StringAtom,
+                                                       ObjectAtom)):
+            return NEVER  # valid under any array keyword
+        if group == ("items",) and (isinstance(value, dict) or isinstance(value, bool)):
+            if isinstance(within, ArrayAtom) and not within.prefix and (
+                    within.items == self.lower(value, f"{pointer}/items")):
+                return NEVER
+            # Some item outside `items`: `contains` of its complement (among the items
+            # the context allows).
+            context = within.items if isinstance(within, ArrayAtom) and not within.prefix else None
+            outside = self._complement_in(context or ANY, value, f"{pointer}/items")
+            return Schema((ArrayAtom(contains=(outside,)),)) if outside.atoms else NEVER
         if group == ("properties",) and isinstance(value, dict):
             cases = []
             for name, sub in value.items():
-                negated = self.negate(sub, f"{pointer}/properties/{_escape(name)}")
+                context = (algebra.member_schema(within, name) if isinstance(within, ObjectAtom)
+                           else ANY)
+                negated = self._complement_in(context, sub, f"{pointer}/properties/{_escape(name)}")
                 if negated.atoms:
                     cases.append(Schema((ObjectAtom((KeyRules(((name, negated),)),),
                                                     frozenset([name])),)))
             return algebra.union(cases)
         raise UnsupportedSchemaError("not", pointer, f"cannot negate {', '.join(group)}")
+
+    def _negate_closed(self, schema: dict[str, Any], pointer: str, within: Atom | None) -> Schema:
+        """The complement of `properties` + `additionalProperties` within an object atom whose
+        keys are known (closed): one of those keys outside `properties` with a value outside
+        `additionalProperties`, or a named key with a value outside its schema."""
+        if isinstance(within, (NullAtom, BoolAtom, NumberAtom, StringAtom, ArrayAtom)):
+            return NEVER  # valid under any object keyword
+        keys = _closed_keys(within) if isinstance(within, ObjectAtom) else None
+        if keys is None:
+            raise UnsupportedSchemaError(
+                "not", pointer, "cannot negate additionalProperties outside a closed object")
+        named = _dict(schema, "properties", pointer)
+        cases = []
+        for key in sorted(keys - named.keys()):
+            extra = self.negate(schema["additionalProperties"], f"{pointer}/additionalProperties")
+            if extra.atoms:
+                cases.append(Schema((ObjectAtom((KeyRules(((key, extra),)),), frozenset([key])),)))
+        for key, sub in named.items():
+            where = f"{pointer}/properties/{_escape(key)}"
+            if key not in keys or self.algebra.member_schema(within, key) == self.lower(sub, where):
+                continue  # absent in the context, or valid there whenever present
+            negated = self._complement_in(self.algebra.member_schema(within, key), sub, where)
+            if negated.atoms:
+                cases.append(Schema((ObjectAtom((KeyRules(((key, negated),)),), frozenset([key])),)))
+        return self.algebra.union(cases)
 
     def _excluding(self, values: list[Any], pointer: str) -> Schema:
         """Everything except the given constants (not arrays or objects): numbers become the
@@ -513,7 +668,7 @@ _GROUPS = (
     ("if", "then", "else"),
 )
 _ASSERTIONS = frozenset((
-    "type", "enum", "const", "$ref", "allOf", "anyOf", "oneOf", "not", "minimum", "maximum",
+    "type", "enum", "const", "$ref", "$dynamicRef", "allOf", "anyOf", "oneOf", "not", "minimum", "maximum",
     "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "minLength", "maxLength", "pattern",
     "format", "items", "prefixItems", "additionalItems", "minItems", "maxItems", "contains",
     "minContains", "maxContains", "uniqueItems", "properties", "patternProperties",
@@ -528,7 +683,7 @@ def _parts_in_order(schema: dict[str, Any]) -> list[str]:
     first keyword in the schema; "typed" comes first when no keyword places it."""
     parts: list[str] = []
     for keyword in schema:
-        if keyword in ("$ref", "allOf", "anyOf", "oneOf", "not"):
+        if keyword in ("$ref", "$dynamicRef", "allOf", "anyOf", "oneOf", "not"):
             part = keyword
         elif keyword in ("dependentRequired", "dependentSchemas", "dependencies"):
             part = "dependencies"
@@ -581,12 +736,73 @@ def _subschemas(schema: dict[str, Any]) -> Iterable[tuple[str, Any]]:
             yield key, schema[key]
 
 
+_PROPERTY_KEYWORDS = frozenset(("properties", "patternProperties", "additionalProperties",
+                                "unevaluatedProperties"))
+_ITEM_KEYWORDS = frozenset(("items", "prefixItems", "additionalItems", "unevaluatedItems",
+                            "contains"))
+
+
+def _mentions(value: Any, keywords: frozenset[str]) -> bool:
+    """Whether any of `keywords` occurs as a key anywhere in `value` (conservatively: also
+    below other instance locations)."""
+    if isinstance(value, dict):
+        return any(k in keywords or _mentions(v, keywords) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_mentions(v, keywords) for v in value)
+    return False
+
+
+def _expanded(algebra: Algebra, schema: Schema) -> tuple[Atom, ...] | None:
+    """The atoms of `schema` with references replaced by their content (None where one is
+    still being lowered)."""
+    atoms: list[Atom] = []
+    todo = list(schema.atoms)
+    while todo:
+        atom = todo.pop(0)
+        if not isinstance(atom, RefAtom):
+            atoms.append(atom)
+            continue
+        try:
+            todo[:0] = algebra.expand_ref(atom).atoms
+        except PendingRef:
+            return None
+    return tuple(atoms)
+
+
+def _closed_keys(atom: ObjectAtom) -> frozenset[str] | None:
+    """The only keys an object atom allows, where one of its rules names them all."""
+    found = None
+    for rules in atom.rules:
+        if rules.additional == NEVER and not rules.patterns:
+            names = frozenset(name for name, _ in rules.properties)
+            found = names if found is None else found & names
+    return found
+
+
 def _is_object_schema(schema: dict[str, Any]) -> bool:
     """Whether `strict` applies: the schema is about objects (by type or keywords)."""
     declared = schema.get("type")
     if declared == "object" or (isinstance(declared, list) and "object" in declared):
         return True
     return any(k in schema for k in ("properties", "patternProperties", "required"))
+
+
+KNOWN_DIALECTS = ("json-schema.org/", "spec.openapis.org/")
+
+
+def _check_dialect(document: Any) -> None:
+    """A root `$schema` outside the published dialects names a meta-schema whose vocabularies
+    (which keywords validate) would have to be downloaded: refused, not guessed."""
+    uri = document.get("$schema") if isinstance(document, dict) else None
+    if isinstance(uri, str) and not any(d in uri for d in KNOWN_DIALECTS):
+        raise UnsupportedSchemaError(
+            "$schema", "", f"unknown dialect {uri!r}: its vocabularies are not known offline")
+
+
+def _draft_uses_id(document: Any) -> bool:
+    """Drafts 3-4 name resources with `id` (later ones with `$id`)."""
+    uri = document.get("$schema", "") if isinstance(document, dict) else ""
+    return isinstance(uri, str) and any(f"draft-0{n}" in uri for n in (3, 4))
 
 
 def _legacy_draft(document: Any) -> bool:

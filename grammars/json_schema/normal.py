@@ -38,6 +38,7 @@ class NumberAtom:
     exclusive_maximum: bool = False
     multiple_of: tuple[Decimal, ...] = ()
     pointer: str = field(default="", compare=False)
+    fractional: bool = False  # only non-integral values ("number, not integer")
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,7 @@ class ArrayAtom:
     max_items: int | None = None
     contains: tuple[Schema, ...] = ()
     pointer: str = field(default="", compare=False)
+    unique: bool = False  # uniqueItems (set only where maxItems allows two items)
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,8 @@ class Schema:
 ANY = Schema((NullAtom(), BoolAtom(), NumberAtom(), StringAtom(), ArrayAtom(), ObjectAtom()))
 NEVER = Schema(())
 MAX_ATOMS = 512
+DISJOINT_DEPTH = 8
+"""How deep `Algebra.disjoint` looks into members and items for a proof."""
 
 
 class AtomSet:
@@ -190,13 +194,16 @@ class Algebra:
 
     `expand(key)` gives the schema of a `RefAtom` (raising `PendingRef` while the target is
     being lowered); `matches(kind, source, text)` decides `pattern` / `format` membership of a
-    string (kind "pattern" or "format").
+    string (kind "pattern" or "format"); `language(kind, source)` is its automaton (for
+    deciding whether two string atoms can share a value).
     """
 
     def __init__(self, expand: Callable[[tuple], Schema],
-                 matches: Callable[[str, str, str], bool]):
+                 matches: Callable[[str, str, str], bool],
+                 language: Callable[[str, str], Any]):
         self.expand = expand
         self.matches = matches
+        self.language = language
         self.stored: list[Schema] = []  # right-hand sides of deferred ("with", ref, i) keys
         self._expanding: list[tuple] = []
 
@@ -260,7 +267,8 @@ class Algebra:
         if isinstance(x, (NullAtom, BoolAtom)):
             return [x]
         if isinstance(x, NumberAtom):
-            return [_intersect_numbers(x, y)]
+            number = _intersect_numbers(x, y)
+            return [] if number.integer and number.fractional else [number]
         if isinstance(x, StringAtom):
             return [_intersect_strings(x, y)]
         if isinstance(x, ArrayAtom):
@@ -284,7 +292,71 @@ class Algebra:
             x.items or ANY, y.items or ANY)
         return ArrayAtom(
             prefix, items, max(x.min_items, y.min_items), _min_bound(x.max_items, y.max_items),
-            x.contains + y.contains, x.pointer)
+            x.contains + y.contains, x.pointer, x.unique or y.unique)
+
+    # ----------------------------------------------------------------- disjointness
+    def disjoint(self, a: Schema, b: Schema, depth: int = 0) -> bool:
+        """Whether no value is valid under both `a` and `b`, where provable cheaply: by type,
+        constants, numeric ranges, string lengths and languages, array lengths and prefix
+        items, and object keys one requires whose values cannot agree (a discriminator).
+        False means "not proven", never "overlapping"."""
+        if depth > DISJOINT_DEPTH:
+            return False
+        try:
+            return all(self._disjoint_atoms(x, y, depth) for x in a.atoms for y in b.atoms)
+        except PendingRef:  # content not known yet (a recursive reference)
+            return False
+
+    def _disjoint_atoms(self, x: Atom, y: Atom, depth: int) -> bool:
+        if isinstance(x, RefAtom) or isinstance(y, RefAtom):
+            ref, other = (x, y) if isinstance(x, RefAtom) else (y, x)
+            if ref.key in self._expanding:
+                return False
+            return self.disjoint(self.expand_ref(ref), Schema((other,)), depth + 1)
+        if isinstance(y, ConstAtom):
+            x, y = y, x
+        if isinstance(x, ConstAtom):
+            return not self.accepts(Schema((y,)), x.value)
+        if type(x) is not type(y):
+            return True
+        if isinstance(x, NumberAtom):
+            return (_ranges_disjoint(x, y) or (x.integer and y.fractional)
+                    or (x.fractional and y.integer))
+        if isinstance(x, StringAtom):
+            return self._strings_disjoint(x, y)
+        if isinstance(x, ArrayAtom):
+            return self._arrays_disjoint(x, y, depth)
+        if isinstance(x, ObjectAtom):
+            return self._objects_disjoint(x, y, depth)
+        return False
+
+    def _strings_disjoint(self, x: StringAtom, y: StringAtom) -> bool:
+        if _counts_disjoint(x.min_length, x.max_length, y.min_length, y.max_length):
+            return True
+        sources = [("pattern", p) for p in x.patterns + y.patterns]
+        sources += [("format", f) for f in x.formats + y.formats]
+        if len(sources) < 2:
+            return False
+        try:
+            dfa = self.language(*sources[0])
+            for source in sources[1:]:
+                dfa = dfa.intersect(self.language(*source))
+        except SchemaError:  # an automaton past its size cap: not proven
+            return False
+        return dfa.is_empty()
+
+    def _arrays_disjoint(self, x: ArrayAtom, y: ArrayAtom, depth: int) -> bool:
+        if _counts_disjoint(x.min_items, x.max_items, y.min_items, y.max_items):
+            return True
+        present = max(x.min_items, y.min_items)  # items every common value has
+        return any(self.disjoint(_item_at(x, i), _item_at(y, i), depth + 1)
+                   for i in range(min(present, max(len(x.prefix), len(y.prefix)) + 1)))
+
+    def _objects_disjoint(self, x: ObjectAtom, y: ObjectAtom, depth: int) -> bool:
+        if _counts_disjoint(x.min_properties, x.max_properties, y.min_properties, y.max_properties):
+            return True
+        return any(self.disjoint(self.member_schema(x, key), self.member_schema(y, key), depth + 1)
+                   for key in sorted(x.required | y.required))
 
     # ----------------------------------------------------------------- membership
     def accepts(self, schema: Schema, value: Any) -> bool:
@@ -326,6 +398,8 @@ class Algebra:
         if len(value) < atom.min_items or (atom.max_items is not None and len(value) > atom.max_items):
             return False
         if not all(self.accepts(_item_at(atom, i), v) for i, v in enumerate(value)):
+            return False
+        if atom.unique and len({canonical_json(v) for v in value}) < len(value):
             return False
         return all(any(self.accepts(c, v) for v in value) for c in atom.contains)
 
@@ -386,6 +460,20 @@ def _item_at(atom: ArrayAtom, index: int) -> Schema:
     return ANY if atom.items is None else atom.items
 
 
+def _counts_disjoint(lo1: int, hi1: int | None, lo2: int, hi2: int | None) -> bool:
+    return (hi1 is not None and hi1 < lo2) or (hi2 is not None and hi2 < lo1)
+
+
+def _ranges_disjoint(x: NumberAtom, y: NumberAtom) -> bool:
+    """Whether the numeric ranges of `x` and `y` do not meet (bounds only)."""
+    for low, high in ((x, y), (y, x)):
+        if low.minimum is not None and high.maximum is not None and (
+                low.minimum > high.maximum or (low.minimum == high.maximum and (
+                    low.exclusive_minimum or high.exclusive_maximum))):
+            return True
+    return False
+
+
 def _min_bound(a: int | None, b: int | None) -> int | None:
     return b if a is None else a if b is None else min(a, b)
 
@@ -398,7 +486,8 @@ def _intersect_numbers(x: NumberAtom, y: NumberAtom) -> NumberAtom:
     if y.maximum is not None and (hi is None or y.maximum < hi or (y.maximum == hi and y.exclusive_maximum)):
         hi, hi_x = y.maximum, y.exclusive_maximum
     multiples = x.multiple_of + tuple(m for m in y.multiple_of if m not in x.multiple_of)
-    return NumberAtom(x.integer or y.integer, lo, lo_x, hi, hi_x, multiples, x.pointer)
+    return NumberAtom(x.integer or y.integer, lo, lo_x, hi, hi_x, multiples, x.pointer,
+                      x.fractional or y.fractional)
 
 
 def _intersect_strings(x: StringAtom, y: StringAtom) -> StringAtom:
@@ -421,6 +510,8 @@ def _intersect_objects(x: ObjectAtom, y: ObjectAtom) -> ObjectAtom:
 def number_accepts(atom: NumberAtom, value: Decimal) -> bool:
     """Bounds and `multipleOf` for a finite decimal value."""
     if atom.integer and value != value.to_integral_value():
+        return False
+    if atom.fractional and value == value.to_integral_value():
         return False
     if atom.minimum is not None and (value < atom.minimum or (atom.exclusive_minimum and value == atom.minimum)):
         return False

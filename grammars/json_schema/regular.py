@@ -255,8 +255,9 @@ class CharDFA:
 
     def to_rules(self, name: Callable[[tuple], str]) -> tuple[Node, dict[str, Node]] | None:
         """The language as right-recursive rules, one per state (`name(("s", state))` names
-        them): exact for any DFA, but each character costs a call, so this is for languages
-        whose words are short (see `longest_word`). None when the language is empty."""
+        them): exact for any DFA; each character costs a call, but a tail call (the compiler
+        makes it a jump), so words of any length stack nothing. The last resort, for
+        languages whose regular expression is too large. None when the language is empty."""
         live = self._live()
         if 0 not in live:
             return None
@@ -272,29 +273,6 @@ class CharDFA:
                 alts.append(EMPTY)
             rules[name(("s", s))] = Choice(tuple(alts)) if len(alts) > 1 else alts[0]
         return Ref(name(("s", 0))), rules
-
-    def longest_word(self) -> int | None:
-        """Length of the longest word (None when words can be arbitrarily long)."""
-        live = self._live()
-        if 0 not in live:
-            return 0
-        succ = {s: {t for _, _, t in self.trans[s] if t in live} for s in live}
-        indegree = dict.fromkeys(live, 0)
-        for targets in succ.values():
-            for t in targets:
-                indegree[t] += 1
-        order = [s for s in live if indegree[s] == 0]
-        for s in order:  # Kahn's algorithm: the list grows while it is walked
-            for t in succ[s]:
-                indegree[t] -= 1
-                if indegree[t] == 0:
-                    order.append(t)
-        if len(order) != len(live):
-            return None  # a cycle: unbounded
-        longest = dict.fromkeys(live, 0)
-        for s in reversed(order):
-            longest[s] = max((longest[t] + 1 for t in succ[s]), default=0)
-        return longest[0]
 
     def _live(self) -> set[int]:
         """States reachable from the start that can reach an accepting state."""
@@ -540,12 +518,34 @@ def restrict_length(node: Node, lo: int, hi: int | None) -> Node | Bounded | Non
                                     None if hi is None else hi - fixed)
             if inner is None or isinstance(inner, Node):
                 return None if inner is None else Seq(node.items[:v] + (inner,) + node.items[v + 1:])
+        spread = _spread_choices(node, variable)
+        if spread is not None:
+            return restrict_length(spread, lo, hi)
     if isinstance(node, Choice):
         alts = [restrict_length(alt, lo, hi) for alt in node.alts]
         if all(isinstance(a, Node) or a is None for a in alts):
             kept = [a for a in alts if a is not None]
             return Choice(tuple(kept)) if len(kept) > 1 else kept[0] if kept else None
     return Bounded(CharDFA.from_node(node), lo, hi)
+
+
+MAX_SPREAD = 64  # the most sequences a length bound may split one sequence into
+
+
+def _spread_choices(node: Seq, variable: list[int]) -> Choice | None:
+    """`node` as a choice of sequences, one per pick of its choices between words of fixed
+    lengths (`(jpg|jpeg)[a-z]*`: `jpg[a-z]*|jpeg[a-z]*`), when that leaves each sequence one
+    variable part; None otherwise."""
+    choices = {i: item for i in variable if isinstance(item := node.items[i], Choice)
+               and all(a == b for a, b in map(node_length_bounds, item.alts))}
+    if len(variable) - len(choices) > 1 or not choices \
+            or math.prod(len(c.alts) for c in choices.values()) > MAX_SPREAD:
+        return None
+    seqs: list[tuple[Node, ...]] = [()]
+    for index, item in enumerate(node.items):
+        picks = choices[index].alts if index in choices else (item,)
+        seqs = [done + (pick,) for done in seqs for pick in picks]
+    return Choice(tuple(seq(*items) for items in seqs))
 
 
 @dataclass(eq=False)
@@ -594,10 +594,7 @@ def language_ir(language: Language, name: Callable[[tuple], str]) -> tuple[Node,
         if 2 * math.isqrt(hi) + 2 > MAX_RULE_DEPTH:
             raise RegularTooLarge("length bound too large to combine with this pattern")
         return _bounded_rules(dfa, lo, hi, name)
-    longest = dfa.longest_word()
-    if longest is None or longest > MAX_RULE_DEPTH:
-        raise RegularTooLarge("regular language too large to express")
-    return dfa.to_rules(name)
+    return dfa.to_rules(name)  # each state's call is a tail call: no stack, whatever the length
 
 
 def _bounded_rules(dfa: CharDFA, lo: int, hi: int, name: Callable[[tuple], str],
@@ -661,6 +658,66 @@ def _bounded_rules(dfa: CharDFA, lo: int, hi: int, name: Callable[[tuple], str],
 
     start = chain(0, 0) if 0 in live else None
     return None if start is None else (start, rules)
+
+
+def without_words(dfa: CharDFA, words: Iterable[str], name: Callable[[tuple], str],
+                  ) -> tuple[Node, dict[str, Node]] | None:
+    """The language of `dfa` minus the finite set `words`, with no product automaton (whose
+    regular expression can be far too large: a key pattern beside a hundred names). The
+    words' trie is walked along `dfa`: a text either stops at a trie node that ends no word,
+    or leaves the trie with a character no word continues with and goes on as the rest of the
+    language from the state it reached (a rule per state, `name(("r", state))`, by state
+    elimination from that state). None when the language is empty."""
+    trie: dict = {}
+    for word in words:
+        level = trie
+        for char in word:
+            level = level.setdefault(char, {})
+        level[""] = {}
+    live = dfa._live()
+    rules: dict[str, Node] = {}
+
+    def rest(state: int) -> Ref:
+        ref = Ref(name(("r", state)))
+        if ref.name not in rules:
+            order = [state] + [s for s in range(len(dfa)) if s != state]
+            index = {s: i for i, s in enumerate(order)}
+            rebased = CharDFA([tuple((lo, hi, index[t]) for lo, hi, t in dfa.trans[s]) for s in order],
+                              [dfa.accepting[s] for s in order])
+            rules[ref.name] = rebased.to_node()  # not None: `state` is live
+        return ref
+
+    def walk(level: dict, state: int, depth: int) -> Node | None:
+        if depth > MAX_RULE_DEPTH:
+            raise RegularTooLarge("excluded names too long")
+        alts: list[Node] = [EMPTY] if dfa.accepting[state] and "" not in level else []
+        taken = sorted(ord(c) for c in level if c)
+        leaving: dict[int, list[tuple[int, int]]] = {}
+        for lo, hi, t in dfa.trans[state]:
+            if t in live:
+                for a, b in _without(lo, hi, taken):
+                    leaving.setdefault(t, []).append((a, b))
+        alts += [seq(CharClass(tuple(r)), rest(t)) for t, r in leaving.items()]
+        for code in taken:
+            t = _step(dfa.trans[state], code)
+            sub = walk(level[chr(code)], t, depth + 1) if t in live else None
+            if sub is not None:
+                alts.append(seq(Literal.of(chr(code)), sub))
+        return None if not alts else Choice(tuple(alts)) if len(alts) > 1 else alts[0]
+
+    node = walk(trie, 0, 0) if 0 in live else None
+    return None if node is None else (node, rules)
+
+
+def _without(lo: int, hi: int, taken: list[int]) -> list[tuple[int, int]]:
+    """The range lo..hi less the sorted code points `taken`."""
+    out = []
+    for code in taken:
+        if lo <= code <= hi:
+            if lo < code:
+                out.append((lo, code - 1))
+            lo = code + 1
+    return out + ([(lo, hi)] if lo <= hi else [])
 
 
 def not_in_node(words: Iterable[str]) -> Node:
