@@ -14,7 +14,13 @@ token by token once, from cold. Reported:
   counted again in the other's;
 * **repeated masks**: masks equal bit for bit to one computed before for the same compiled
   grammar, and their time. That is what a cache keyed on what a configuration can still read
-  (rather than on the configuration) could save.
+  (rather than on the configuration) could save;
+* **exact shared keys**: what such a cache, shared by every grammar of the vocabulary, would
+  save and cost with a key that decides the mask (`future_key`: what the configuration's
+  threads read, breadth first, as deep as some token of the trie goes): the masks that get a
+  key, the time the keys take (computed after each mask, so the closures they follow are
+  warm: a lower bound), and the masks whose key came before, in any grammar of the run (each
+  checked to be that mask, bit for bit).
 
 The kinds are told apart by wrapping private methods of `CompiledGrammar` during the run (a
 diagnostic, like a profiler): times include the wrappers' overhead, a few percent, and come
@@ -51,6 +57,8 @@ from pegmask.bench.reporting import machine_info, publish
 from pegmask.grammars.compiler import CompiledGrammar, compile_grammar, prepare_vocabulary
 from pegmask.grammars.errors import GrammarError
 from pegmask.grammars.grammar import Grammar
+from pegmask.grammars.program import SPECIAL, SPECIAL_BASE
+from pegmask.grammars.token_trie import TokenTrie, run_trie
 from pegmask.grammars.vocab import Vocabulary
 from pegmask.kernels.bitmask import allocate_token_bitmask
 
@@ -75,6 +83,9 @@ class MaskRecord:
     seconds: float  # its own, without the masks it needed
     configurations: int  # made while computing it, without those of the masks it needed
     repeated: bool  # equal to a mask computed before for the same compiled grammar
+    keyed: bool = False  # `future_key` gave it a key ...
+    key_seconds: float = 0.0  # ... in this time (or gave up in it)
+    shared: bool = False  # ... met before, for any grammar of the run
 
 
 @dataclass
@@ -93,6 +104,8 @@ class Recorder:
     masks: list[MaskRecord] = field(default_factory=list)
     _frames: list[_Frame] = field(default_factory=list)
     _seen: dict[int, set[bytes]] = field(default_factory=dict)
+    _keys: dict[tuple, bytes] = field(default_factory=dict)  # `future_key` -> mask digest
+    key_seconds: float = 0.0  # spent on keys (left out of the pass's phases)
 
     def classify(self, kind: str) -> None:
         """The mask being computed is of `kind`, unless already classified."""
@@ -118,14 +131,99 @@ class Recorder:
             parent.nested_configurations += made
         digest = hashlib.blake2b(entry[0].tobytes(), digest_size=16).digest()
         seen = self._seen.setdefault(id(compiled), set())
+        keyed_at = time.perf_counter()
+        key = future_key(compiled, config)
+        key_seconds = time.perf_counter() - keyed_at
+        self.key_seconds += key_seconds
+        for outer in self._frames:  # (not counted in the masks that needed this one either)
+            outer.start += key_seconds
+        shared = key is not None and key in self._keys
+        if shared and self._keys[key] != digest:
+            raise AssertionError(f"two masks under one key: {key}")
+        if key is not None:
+            self._keys[key] = digest
         self.masks.append(MaskRecord(frame.kind or "walk", seconds - frame.nested_seconds,
-                                     made - frame.nested_configurations, digest in seen))
+                                     made - frame.nested_configurations, digest in seen,
+                                     key is not None, key_seconds, shared))
         seen.add(digest)
         return entry
 
     def forget(self, compiled: CompiledGrammar) -> None:
         """Drop the digests of a grammar no longer used (ids are reused)."""
         self._seen.pop(id(compiled), None)
+
+
+FUTURE_THREADS = 160  # a key numbers at most this many threads ...
+FUTURE_FRONTIER = 48  # ... and looks at most at this many trie nodes of one level
+
+
+def future_key(compiled: CompiledGrammar, config: int, trie: TokenTrie | None = None
+               ) -> tuple | None:
+    """What decides `config`'s mask, independent of its grammar: the accept tables its threads
+    read and where each leads (the threads numbered as first met, breadth first), level by
+    level while some token of `trie` (the vocabulary's) goes deeper along bytes they read (the
+    frontier: a superset of the nodes a walk reaches). Two configurations with one key read
+    the same tokens (for grammars bound with the same stop tokens). Inside a whitespace run
+    whose mask `_run_split` made, the keys of the two configurations it was made of (the run's
+    exit's over the trie of what follows a run). None past `FUTURE_THREADS` or
+    `FUTURE_FRONTIER` (plain text: most of the trie), and where the grammar spells special
+    tokens (a held-back spelling is no thread)."""
+    if compiled._lexed:
+        return None
+    split = compiled._run_splits.get(config) if trie is None else None
+    if split is not None:
+        rest, after, table, remaining = split
+        parts = (future_key(compiled, rest),
+                 future_key(compiled, after, run_trie(compiled.vocab, table).rests))
+        return None if None in parts else ("run", *parts, table, remaining)
+    program, reach = compiled.program, compiled.runtime.reach
+    trie = compiled.trie if trie is None else trie
+    kind, arg, aux, accept, leaves = (program.kind, program.arg, program.aux, program.accept,
+                                      program.leaves)
+    specials, accept_bits = program.specials, compiled._accept_bits
+    child_start, child_end, trie_byte = trie.lists
+    layer = list(compiled._threads[config])
+    number = {thread: index for index, thread in enumerate(layer)}
+    entries: list[tuple] = [(compiled._accepting[config], len(layer))]
+    moves: dict[tuple[int, int], list[tuple[tuple[int, int], ...]]] = {}
+    frontier: list[int] = []
+    while layer:
+        reads = 0
+        for pc, _ in layer:
+            reads |= accept_bits[pc]
+        if not frontier:  # the root's children
+            if reads.bit_count() > FUTURE_FRONTIER:
+                return None
+            frontier = [node for byte in range(256) if reads >> byte & 1
+                        and (node := trie.first_child[byte]) >= 0]
+        else:
+            frontier = [child for node in frontier
+                        for child in range(child_start[node], child_end[node])
+                        if reads >> trie_byte[child] & 1]
+            if len(frontier) > FUTURE_FRONTIER:
+                return None
+        following: dict[tuple[int, int], None] = {}
+        for thread in layer:
+            after = moves.get(thread)
+            if after is None:
+                pc, stack = thread
+                entry: list = [number[thread], specials[aux[pc] - SPECIAL_BASE]
+                               if kind[pc] == SPECIAL else None]
+                after = moves[thread] = []
+                for leaf in leaves[pc]:
+                    reached, matched = reach(((arg[leaf], stack),))
+                    after.append(reached)
+                    entry.append((accept[leaf], matched, *[
+                        number.setdefault(target, len(number)) for target in reached]))
+                entries.append(tuple(entry))
+                if len(number) > FUTURE_THREADS:
+                    return None
+            for reached in after:
+                following.update(dict.fromkeys(reached))
+        if not any(child_end[node] > child_start[node] for node in frontier):
+            break  # no token goes deeper: the next threads need only be there
+        layer = list(following)
+    return tuple(entries)
 
 
 @contextmanager
@@ -184,12 +282,13 @@ def cold_pass(case: Case, model: Model, vocab: Vocabulary, recorder: Recorder) -
     compiled = compile_grammar(grammar, vocab)
     matcher = compiled.matcher()
     compiled_at = time.perf_counter()
+    keys_before = recorder.key_seconds
     for token in tokens:
         matcher.fill_next_token_bitmask(bitmask)
         if not matcher.accept_token(token):
             break
     matcher.fill_next_token_bitmask(bitmask)
-    done = time.perf_counter()
+    done = time.perf_counter() - (recorder.key_seconds - keys_before)
     recorder.forget(compiled)
     return Phases(case.name, built - start, compiled_at - built, done - compiled_at, len(tokens))
 
@@ -224,6 +323,25 @@ def kinds_table(recorder: Recorder) -> str:
         rows.append(f"| {label} | {len(chosen)} | {_ms(seconds)} | "
                     f"{seconds / len(chosen) * 1e6:.0f} | {sum(m.configurations for m in chosen)} | "
                     f"{len(repeated)} | {_ms(sum(m.seconds for m in repeated))} |")
+    return "\n".join(rows)
+
+
+def shared_keys_table(recorder: Recorder) -> str:
+    """What an exact cache shared across grammars (`future_key`) would save and cost."""
+    rows = ["| mask kind | masks | with a key | their ms | keys' ms (all masks) | "
+            "key met before | their ms | saved − keys' ms |", "|---|---|---|---|---|---|---|---|"]
+    for kind in (*KINDS, None):
+        chosen = [m for m in recorder.masks if kind is None or m.kind == kind]
+        if not chosen:
+            continue
+        keyed = [m for m in chosen if m.keyed]
+        shared = [m for m in keyed if m.shared]
+        keys = sum(m.key_seconds for m in chosen)
+        saved = sum(m.seconds for m in shared)
+        label = KIND_NAMES[kind] if kind else "**all computed masks**"
+        rows.append(f"| {label} | {len(chosen)} | {len(keyed)} | "
+                    f"{_ms(sum(m.seconds for m in keyed))} | {_ms(keys)} | {len(shared)} | "
+                    f"{_ms(saved)} | {_ms(saved - keys)} |")
     return "\n".join(rows)
 
 
@@ -262,6 +380,9 @@ def profile(name: str, schemas: int) -> str:
         "masks: each equals a mask computed before for the same grammar, from another "
         "configuration.",
         kinds_table(recorder),
+        "Exact shared keys (`future_key`): a mask whose key came before, for any grammar of the "
+        "run, is what a cache shared across grammars would answer; every key is paid for.",
+        shared_keys_table(recorder),
         "Slowest schemas:",
         slowest_table(runs),
     ])

@@ -120,6 +120,8 @@ class Configurations:
                 self.special_symbol[token_id] = self.program.special_symbol(name)
         self.lexer = spelled_specials(self.program, vocab)
         self._lexed = bool(self.lexer)  # read often: a plain attribute
+        self._spelled_bytes = frozenset(byte for spelling in self.lexer.spellings
+                                        for byte in spelling)  # see `_held_row`
         self._split = functools.lru_cache(maxsize=None)(self.lexer.split)
         # Configuration store: id -> threads; key -> id; accepting flags; byte transitions
         # (as Python rows for scalar lookups and mirrored in a numpy table for vector walks).
@@ -269,8 +271,7 @@ class Configurations:
             return row
         held = self._held[config]
         if held:
-            base, split, walk = self._base[config], self._split, self._after_lexemes
-            row[:] = array("i", [walk(base, *split(held + bytes((byte,)))) for byte in range(256)])
+            row[:] = self._held_row(config, held)
         elif self._lexed:
             row[:] = self._thread_row(config)
             for byte in self.lexer.first_bytes:
@@ -279,6 +280,23 @@ class Configurations:
             return self._thread_row(config)  # the same list
         self._complete[config] = True
         self._table[config] = row
+        return row
+
+    def _held_row(self, config: int, held: bytes) -> array:
+        """The 256 transitions of a configuration holding `held` back. A byte that no spelling
+        holds ends every spelling `held` may start, so the lexer splits `held` the same way
+        before each such byte (then reads it as plain): those bytes read as the threads after
+        that split do, one row of theirs; only the few spelled bytes are lexed one by one."""
+        base, split, walk = self._base[config], self._split, self._after_lexemes
+        spelled = self._spelled_bytes
+        plain = next((byte for byte in range(256) if byte not in spelled), None)
+        if plain is None:
+            return array("i", [walk(base, *split(held + bytes((byte,)))) for byte in range(256)])
+        lexemes, _ = split(held + bytes((plain,)))  # (nothing held back after a plain byte)
+        flushed = self._thread_walk(base, lexemes[:-1])
+        row = array("i", self._thread_row(flushed))
+        for byte in spelled:
+            row[byte] = walk(base, *split(held + bytes((byte,))))
         return row
 
     def _step(self, config: int, byte: int) -> int:

@@ -1,8 +1,10 @@
 """Token masks: the allowed tokens of a configuration, computed once by a walk of the
 vocabulary trie (`TrieWalk`) or a shortcut, then cached (LRU, bounded by bytes).
 
-Shortcuts: inside a bounded run of JSON whitespace the mask is the union of two masks computed
-elsewhere (`_run_split`); inside a literal, a walk of a few nodes; where plain text never dies,
+Shortcuts: inside a bounded run of JSON whitespace the mask is the union of a mask computed
+elsewhere (`_run_split`) and the tokens that leave the run, found by a walk of what they hold
+after it (which, where free text follows, allows the plain ones below a node at once, as walks
+of the whole trie do); inside a literal, a walk of a few nodes; where plain text never dies,
 every plain token at once (`PlainText`).
 """
 
@@ -15,7 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from pegmask.grammars.configurations import DEAD
-from pegmask.grammars.token_trie import run_trie
+from pegmask.grammars.token_trie import run_rests_split, run_trie
 from pegmask.grammars.trie_walk import TrieWalk
 from pegmask.kernels.bitmask import pack_bool_mask, pack_token_ids
 
@@ -139,7 +141,14 @@ class TokenMasks(TrieWalk):
         followed by nothing or by what `after` allows."""
         packed, free = self.mask(rest)
         run = run_trie(self.vocab, table)
-        tokens = run.rests.tokens_at(self._live_nodes(after, run.rests))
+        cuts: list[tuple[np.ndarray, np.ndarray]] = []
+        tokens = run.rests.tokens_at(self._live_nodes(after, run.rests, cuts))
+        if cuts:  # free text after the run: its plain tokens below the cuts at once
+            allowed = np.zeros(self.vocab.size, dtype=bool)
+            allowed[tokens] = True
+            self._allow_below_cuts(
+                allowed, run_rests_split(self.vocab, table, self.lexer.first_bytes), cuts)
+            tokens = np.flatnonzero(allowed)
         if remaining < run.longest_lead:
             tokens = tokens[run.lead[tokens] <= remaining]
         tokens = np.concatenate([tokens, run.run_only_within(remaining)])

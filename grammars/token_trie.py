@@ -175,21 +175,29 @@ def token_trie(vocab: Vocabulary, not_plain: frozenset[int] = frozenset()) -> To
     tries = _CACHE.setdefault(vocab, {})
     trie = tries.get(not_plain)
     if trie is None:
-        excluded = bytes(sorted(not_plain))
-        plain = [data is not None and is_plain_text(data) and not any(b in data for b in excluded)
-                 for data in vocab.token_bytes]
-        others = [None if p else d for d, p in zip(vocab.token_bytes, plain, strict=False)]
-        rest = build_token_trie(others)
-        after_plain = build_token_trie(
-            [d and d[plain_prefix_length(d, excluded):] for d in others])
-        plain_tokens = np.flatnonzero(plain).astype(np.int64)
         full = token_trie(vocab) if not_plain else build_token_trie(vocab.token_bytes)
-        trie = dataclasses.replace(full, plain_tokens=plain_tokens, rest=rest,
-                                   after_plain=after_plain,
-                                   plain_entry=np.asarray(plain, dtype=bool)[full.entry_token],
-                                   rest_node=_same_nodes(full, rest))
-        tries[not_plain] = trie
+        trie = tries[not_plain] = _split_plain(full, vocab.token_bytes, not_plain,
+                                               after_plain=True)
     return trie
+
+
+def _split_plain(full: TokenTrie, token_bytes: list[bytes | None], not_plain: frozenset[int],
+                 *, after_plain: bool) -> TokenTrie:
+    """`full` (the trie of `token_bytes`, by token id) with its plain tokens and the trie of
+    the others (`TokenTrie.rest`, with `rest_node` and `plain_entry`) for `not_plain`, which
+    walks that cut where plain text survives need; and with `after_plain`, the trie of what
+    the others hold after their plain prefix (`TokenTrie.after_plain`)."""
+    excluded = bytes(sorted(not_plain))
+    plain = [data is not None and is_plain_text(data) and not any(b in data for b in excluded)
+             for data in token_bytes]
+    others = [None if p else d for d, p in zip(token_bytes, plain, strict=False)]
+    rest = build_token_trie(others)
+    return dataclasses.replace(
+        full, plain_tokens=np.flatnonzero(plain).astype(np.int64), rest=rest,
+        after_plain=build_token_trie([d and d[plain_prefix_length(d, excluded):]
+                                      for d in others]) if after_plain else None,
+        plain_entry=np.asarray(plain, dtype=bool)[full.entry_token],
+        rest_node=_same_nodes(full, rest))
 
 
 @dataclass(frozen=True)
@@ -245,6 +253,21 @@ def run_trie(vocab: Vocabulary, table: bytes) -> RunTrie:
         with_rest = lead[[token_id for token_id, rest in enumerate(rests) if rest is not None]]
         trie = tries[key] = RunTrie(lead, build_token_trie(rests), np.asarray(only, dtype=np.int64),
                                     int(np.count_nonzero(lead)), int(with_rest.max(initial=0)))
+    return trie
+
+
+def run_rests_split(vocab: Vocabulary, table: bytes, not_plain: frozenset[int]) -> TokenTrie:
+    """`RunTrie.rests` of `run_trie(vocab, table)` (the same nodes) with its plain / rest split
+    for `not_plain` (`_split_plain`): for a walk after a run that cuts where plain text
+    survives (free text after whitespace), made once per triple when a walk first cuts."""
+    tries = _CACHE.setdefault(vocab, {})
+    key = ("run split", table, not_plain)
+    trie = tries.get(key)
+    if trie is None:
+        run = run_trie(vocab, table)
+        rests = [data[lead:] if 0 < lead < len(data) else None
+                 for data, lead in zip(vocab.token_bytes, run.lead.tolist(), strict=True)]
+        trie = tries[key] = _split_plain(run.rests, rests, not_plain, after_plain=False)
     return trie
 
 
