@@ -139,13 +139,7 @@ class PythonValues(SchemaValueRules):
         return self._json(schema)
 
     def array(self, schema: dict[str, Any]) -> str:
-        item = self.value(schema.get("items", True))
-        low, high = int(schema.get("minItems", 0)), schema.get("maxItems")
-        if high == 0:
-            return '"[" ws "]"'
-        more = f'(ws "," ws {item}){{{max(low - 1, 0)},{"" if high is None else int(high) - 1}}}'
-        items = f"{item} {more}"
-        return f'"[" ws {items if low else f"({items})?"} ws "]"'
+        return self.bracketed_items(schema, "ws", 'ws "," ws')
 
     def object(self, schema: dict[str, Any]) -> str:
         properties = schema.get("properties")

@@ -59,13 +59,7 @@ class QuotedValues(SchemaValueRules):
         return self._json(schema)
 
     def array(self, schema: dict[str, Any]) -> str:
-        item = self.value(schema.get("items", True))
-        low, high = int(schema.get("minItems", 0)), schema.get("maxItems")
-        if high == 0:
-            return '"[" gws "]"'
-        more = f"(gsep {item}){{{max(low - 1, 0)},{'' if high is None else int(high) - 1}}}"
-        items = f"{item} {more}"
-        return f'"[" gws {items if low else f"({items})?"} gws "]"'
+        return self.bracketed_items(schema, "gws", "gsep")
 
     def object(self, schema: dict[str, Any]) -> str:
         properties = schema.get("properties")

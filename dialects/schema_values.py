@@ -57,6 +57,17 @@ class SchemaValueRules:
     def object(self, schema: dict[str, Any]) -> str:
         raise NotImplementedError
 
+    def bracketed_items(self, schema: dict[str, Any], ws: str, sep: str) -> str:
+        """`[ item, ... ]` within the array's `minItems` / `maxItems`, for a family whose
+        whitespace rule is `ws` and item separator `sep` (rule names of its grammar)."""
+        item = self.value(schema.get("items", True))
+        low, high = int(schema.get("minItems", 0)), schema.get("maxItems")
+        if high == 0:
+            return f'"[" {ws} "]"'
+        more = f"({sep} {item}){{{max(low - 1, 0)},{'' if high is None else int(high) - 1}}}"
+        items = f"{item} {more}"
+        return f'"[" {ws} {items if low else f"({items})?"} {ws} "]"'
+
     # ------------------------------------------------------------- the walk
     def value(self, schema: Any) -> str:
         if schema is True or schema == {}:

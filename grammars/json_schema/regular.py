@@ -668,12 +668,7 @@ def without_words(dfa: CharDFA, words: Iterable[str], name: Callable[[tuple], st
     or leaves the trie with a character no word continues with and goes on as the rest of the
     language from the state it reached (a rule per state, `name(("r", state))`, by state
     elimination from that state). None when the language is empty."""
-    trie: dict = {}
-    for word in words:
-        level = trie
-        for char in word:
-            level = level.setdefault(char, {})
-        level[""] = {}
+    trie = _word_trie(words)
     live = dfa._live()
     rules: dict[str, Node] = {}
 
@@ -720,16 +715,22 @@ def _without(lo: int, hi: int, taken: list[int]) -> list[tuple[int, int]]:
     return out + ([(lo, hi)] if lo <= hi else [])
 
 
-def not_in_node(words: Iterable[str]) -> Node:
-    """All strings except `words`, from their trie: a string either leaves the trie (a trie
-    path, one character no word continues with, then anything) or stops at a trie node that
-    ends no word. Linear in the words' size, with one shared "anything" tail."""
+def _word_trie(words: Iterable[str]) -> dict:
+    """The words as a trie of dicts by character; "" marks a word's end."""
     trie: dict = {}
     for word in words:
         level = trie
         for char in word:
             level = level.setdefault(char, {})
         level[""] = {}
+    return trie
+
+
+def not_in_node(words: Iterable[str]) -> Node:
+    """All strings except `words`, from their trie: a string either leaves the trie (a trie
+    path, one character no word continues with, then anything) or stops at a trie node that
+    ends no word. Linear in the words' size, with one shared "anything" tail."""
+    trie = _word_trie(words)
 
     def leave(level: dict) -> Node:
         chars = sorted(ord(c) for c in level if c)
