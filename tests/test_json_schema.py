@@ -866,3 +866,26 @@ def test_not_integer_examples() -> None:
           [1.01, 2.5], [1, 2, 0.5, 2.75])
     with pytest.raises(SchemaError, match="accepts no value"):
         Grammar.from_json_schema({"type": "number", "multipleOf": 2, "not": {"type": "integer"}})
+
+
+@pytest.mark.parametrize(("schema", "accepted", "rejected"), [
+    # oneOf's complement of maxLength 100 beside maxLength 50: lengths 51..100 only
+    ({"oneOf": [{"type": "string", "maxLength": 100}, {"type": "string", "maxLength": 50}]},
+     ["a" * 51, "a" * 100], ["a" * 50, "", "a" * 101]),
+    ({"oneOf": [{"type": "array", "maxItems": 3}, {"type": "array", "maxItems": 1}]},
+     [[1, 2], [1, 2, 3]], [[], [1], [1, 2, 3, 4]]),
+])
+def test_complements_whose_counts_cross_leave_their_branch_out(
+        schema: dict, accepted: list, rejected: list) -> None:
+    """A complement's minimum beside a smaller maximum holds no value: that branch drops out
+    (it was compiled as a repetition {101,100}, a GrammarError on a valid schema)."""
+    grammar = Grammar.from_json_schema(schema)
+    for value in accepted:
+        assert grammar.matches(json.dumps(value)), value
+    for value in rejected:
+        assert not grammar.matches(json.dumps(value)), value
+
+
+def test_crossed_counts_alone_accept_no_value() -> None:
+    with pytest.raises(SchemaError, match="accepts no value"):
+        Grammar.from_json_schema({"type": "string", "maxLength": 100, "not": {"maxLength": 100}})

@@ -269,11 +269,15 @@ class Algebra:
         if isinstance(x, NumberAtom):
             number = _intersect_numbers(x, y)
             return [] if number.integer and number.fractional else [number]
+        # bounds that cross (a complement's minLength 101 beside maxLength 100): no value
         if isinstance(x, StringAtom):
-            return [_intersect_strings(x, y)]
+            string = _intersect_strings(x, y)
+            return [] if _crossed(string.min_length, string.max_length) else [string]
         if isinstance(x, ArrayAtom):
-            return [self._intersect_arrays(x, y)]
-        return [_intersect_objects(x, y)]
+            array = self._intersect_arrays(x, y)
+            return [] if _crossed(array.min_items, array.max_items) else [array]
+        obj = _intersect_objects(x, y)
+        return [] if _crossed(obj.min_properties, obj.max_properties) else [obj]
 
     def expand_ref(self, atom: RefAtom) -> Schema:
         """The content of a `RefAtom`; a cycle of references without content is an error."""
@@ -488,6 +492,11 @@ def _intersect_numbers(x: NumberAtom, y: NumberAtom) -> NumberAtom:
     multiples = x.multiple_of + tuple(m for m in y.multiple_of if m not in x.multiple_of)
     return NumberAtom(x.integer or y.integer, lo, lo_x, hi, hi_x, multiples, x.pointer,
                       x.fractional or y.fractional)
+
+
+def _crossed(low: int, high: int | None) -> bool:
+    """A count range `low`..`high` that holds no count."""
+    return high is not None and low > high
 
 
 def _intersect_strings(x: StringAtom, y: StringAtom) -> StringAtom:
