@@ -476,11 +476,11 @@ def check_file(engine: PegmaskEngine | XGrammarEngine, case: Case) -> FileOutcom
     try:
         compiled = engine.compile(case.schema)
     except (UnsupportedSchemaError, SchemaError, GrammarError) as exc:
-        outcome.status, outcome.error = "error", _error_cause(exc)
+        outcome.status, outcome.error = "error", error_cause(exc)
         return outcome
     except Exception as exc:  # noqa: BLE001 - xgrammar's errors, or a pegmask bug
         outcome.status = "error" if engine.name == "xgrammar" else "crash"
-        outcome.error = _error_cause(exc)
+        outcome.error = error_cause(exc)
         if outcome.status == "crash":
             outcome.error += " " + traceback.format_exc(limit=-2).replace("\n", " | ")
         return outcome
@@ -513,7 +513,8 @@ def check_file(engine: PegmaskEngine | XGrammarEngine, case: Case) -> FileOutcom
     return outcome
 
 
-def _error_cause(exc: BaseException) -> str:
+def error_cause(exc: BaseException) -> str:
+    """A compile error's reason, short enough to group by (also `schema_coverage`'s)."""
     if isinstance(exc, UnsupportedSchemaError):
         return f"unsupported {exc.keyword}"
     message = str(exc).splitlines()[0] if str(exc) else ""
@@ -590,7 +591,7 @@ def _child(runner: Any, case: Case, conn: Any, memory_gib: float) -> None:
     except MemoryError:
         outcome = FileOutcome(case.file, runner.name, "crash", "out of memory")
     except BaseException as exc:  # noqa: BLE001 - reported, never raised in a child
-        outcome = FileOutcome(case.file, runner.name, "crash", _error_cause(exc))
+        outcome = FileOutcome(case.file, runner.name, "crash", error_cause(exc))
     conn.send(outcome)
     conn.close()
 

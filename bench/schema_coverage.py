@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from pegmask.bench.grammar_engines import NAMES, Compiled, CompileError, SkippedError
-from pegmask.bench.jsonschema_agreement import _error_cause
+from pegmask.bench.jsonschema_agreement import error_cause
 from pegmask.bench.jsonschemabench import SAMPLE_DIR, dataset_files, read_schema
 from pegmask.bench.reporting import (
     RESULTS_DIR,
@@ -145,7 +145,7 @@ def _attempt(engine: Any, text: str, limit_s: float) -> tuple[Attempt, Any]:
         attempt.status, attempt.reason = "crash", "out of memory"
         return attempt, None
     except Exception as exc:  # noqa: BLE001 - any other error is the engine's crash
-        attempt.status, attempt.reason = "crash", _error_cause(exc)
+        attempt.status, attempt.reason = "crash", error_cause(exc)
         attempt.detail = _first_line(exc)
         return attempt, None
     attempt.ms = elapsed / 1e6
@@ -170,7 +170,7 @@ def refusal(exc: CompileError) -> tuple[str, str]:
     if isinstance(cause, UnsupportedSchemaError):
         return "refused", f"unsupported {cause.keyword}"
     # Without the JSON that some messages quote (outlines-core's "structure {...}").
-    return "refused", re.split(r" [\[{]", _error_cause(cause if cause is not None else exc))[0]
+    return "refused", re.split(r" [\[{]", error_cause(cause if cause is not None else exc))[0]
 
 
 def _verdict(engine: Any, model: Any, spelled: list[bytes | None], compiled: Any,
