@@ -200,7 +200,12 @@ class Engine:
     time. `weights` (the products' weights on the CPU, llama-family models): "auto" runs a
     GGUF file's quantized blocks for one-to-few-row steps and bfloat16 (CPUs with bfloat16
     instructions) or float16 weights for the rest; "quantized", "bfloat16", "float16",
-    "float32" force one (engine/llama_runner.py).
+    "float32" force one (engine/llama_runner.py). `compiled_step`: a lone sequence's
+    one-token steps run as one graph compiled by torch.compile (engine/compiled_step.py;
+    CPUs with a C++ compiler, quantized or float32 one-row products), built here (the first
+    time on a machine about a minute, then seconds from inductor's cache): None (auto) where
+    it can run, unless the environment sets `PEGMASK_COMPILED_STEP=0`; True, or an error
+    where it cannot run; False never.
     `max_model_len` bounds a request's prompt and output tokens together (default: the
     model's context); `kv_cache_bytes` the key/value cache of the running requests, each
     counted with its whole prompt and output budget for every choice: a request waits while
@@ -234,6 +239,7 @@ class Engine:
         draft_budget: int = 48,
         request_timeout_s: float | None = None,
         weights: str = "auto",
+        compiled_step: bool | None = None,
         strict_tool_arguments: bool = True,
         max_model_len: int | None = None,
         kv_cache_bytes: int | None = DEFAULT_KV_CACHE_BYTES,
@@ -285,7 +291,8 @@ class Engine:
         # A large request's prompt is made on the background lane, with a tokenizer of its own.
         self.background = BackgroundLane()
         self._background_encode: Callable[..., list[int]] | None = None
-        self.runner = self.backend.runner(weights=weights)
+        self.runner = self.backend.runner(weights=weights,
+                                          compiled_step=self._one_row_step(weights, compiled_step))
         kv_cache_tokens = None
         if kv_cache_bytes is not None:
             kv_cache_tokens = kv_cache_bytes // self.runner.token_bytes
@@ -306,6 +313,22 @@ class Engine:
         self.metrics.watch(self.scheduler)
         if prewarm:
             self.prewarm()
+
+    def _one_row_step(self, weights: str, wanted: bool | None) -> bool:
+        """Whether the runner takes the compiled one-row step (`compiled_step` in the class
+        docstring), built by the time this returns True."""
+        if wanted is None and os.environ.get("PEGMASK_COMPILED_STEP") == "0":
+            wanted = False
+        if wanted is False:
+            return False
+        try:
+            self.backend.one_row_step(weights).warm()
+        except Exception as error:  # auto: the eager step, and why
+            if wanted:
+                raise
+            logger.warning("no compiled one-row step (%s): steps run eagerly", error)
+            return False
+        return True
 
     @property
     def model_name(self) -> str:

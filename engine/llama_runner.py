@@ -42,6 +42,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from pegmask.engine.compiled_step import OneRowStep
 from pegmask.engine.quantized import GGUFWeights, QuantizedWeight
 from pegmask.engine.runner import Chunk, attention_heads
 
@@ -402,8 +403,11 @@ class LlamaRunner:
     quarter as long. Attention runs per tier; with every sequence in the first (the usual
     case) a step makes the same calls as with one cache."""
 
-    def __init__(self, weights: LlamaWeights, first_tier: int = 1024):
+    def __init__(self, weights: LlamaWeights, first_tier: int = 1024,
+                 one_row: OneRowStep | None = None):
         self.weights = weights
+        # a lone sequence's one-token step as one compiled graph, once it is built
+        self.one_row = one_row
         self.device = weights.device
         self.logits_width = weights.logits_width
         self.token_bytes = (len(weights.layers) * 2 * weights.kv_heads * weights.head_dim
@@ -522,6 +526,10 @@ class LlamaRunner:
         starts = [self.length(seq) for seq, _ in chunks]
         for (seq, _), start, size in zip(chunks, starts, sizes, strict=True):
             self._grow(seq, start + size)
+        if self.one_row is not None and sizes == [1]:
+            logits = self._one_row(chunks[0], starts[0])
+            if logits is not None:
+                return logits
         first_rows = [0]
         for size in sizes:
             first_rows.append(first_rows[-1] + size)
@@ -575,6 +583,23 @@ class LlamaRunner:
         h = F.rms_norm(x[torch.tensor(rows, dtype=torch.long, device=device)], (x.shape[-1],),
                        w.norm, eps)
         return w.lm_head(h).float()
+
+    def _one_row(self, chunk: Chunk, start: int) -> torch.Tensor | None:
+        """A lone one-token chunk's logits through the compiled step, which returns its keys
+        and values to write; None where the step does not take these shapes."""
+        seq, (token,) = chunk
+        tier = self._tier[seq]
+        tier.reserve(len(tier.seqs), start + 1)
+        slot = tier.slot[seq]
+        saved, begin = self._prefix.get(seq, (None, 0))
+        result = self.one_row(token, tier.kv[:, :, slot], begin, start,  # type: ignore[misc]
+                              saved, begin)
+        if result is None:
+            return None
+        logits, written = result
+        tier.kv[:, :, slot, :, start] = written
+        tier.lengths[slot] = start + 1
+        return logits
 
     def _tier_part(self, members: list[int], chunks: Sequence[Chunk], starts: list[int],
                    sizes: list[int], first_rows: list[int], whole: bool,

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 
 from pegmask.engine import llama_runner
+from pegmask.engine.compiled_step import OneRowStep
 from pegmask.engine.quantized import GGUFWeights
 from pegmask.engine.runner import SequenceRunner, TransformersRunner, attention_heads
 from pegmask.grammars.vocab import installed_package_dir
@@ -149,13 +150,29 @@ class ModelBackend:
 
         return encode
 
-    def runner(self, *, weights: str = "auto") -> SequenceRunner:
+    def runner(self, *, weights: str = "auto", compiled_step: bool = False) -> SequenceRunner:
         """A new sequence runner (its own KV cache) over this model's weights: `LlamaRunner`
         where the architecture allows (`weights`: see engine/llama_runner.WEIGHT_MODES),
-        transformers' forward otherwise."""
+        transformers' forward otherwise. `compiled_step`: the runner takes a lone sequence's
+        one-token steps through the weights' `OneRowStep` once that is warm (`one_row_step`)."""
         if llama_runner.supports(self.model):
-            return llama_runner.LlamaRunner(self._llama_weights(weights))
+            llama_weights = self._llama_weights(weights)
+            return llama_runner.LlamaRunner(
+                llama_weights, one_row=self.one_row_step(weights) if compiled_step else None)
         return TransformersRunner(self.model, self.device)
+
+    @functools.cache  # noqa: B019 - backends live as long as the process (see _load)
+    def one_row_step(self, weights: str = "auto") -> OneRowStep:
+        """The compiled one-row step over `weights` (one per weights: every runner shares its
+        graph); raises ValueError where it cannot run them (`OneRowStep.unsupported`)."""
+        if not llama_runner.supports(self.model):
+            raise ValueError(f"the compiled step runs llama-family models, not "
+                             f"{self.model.config.model_type}")
+        llama_weights = self._llama_weights(weights)
+        reason = OneRowStep.unsupported(llama_weights)
+        if reason is not None:
+            raise ValueError(f"no compiled step here: {reason}")
+        return OneRowStep(llama_weights)
 
     @functools.cache  # noqa: B019 - backends live as long as the process (see _load)
     def _llama_weights(self, weights: str) -> llama_runner.LlamaWeights:

@@ -130,6 +130,12 @@ def _model_options(parser: argparse.ArgumentParser) -> None:
                              "(the file's blocks for every step), bfloat16, float16 (float32 "
                              "compute), float32; rounded formats can change greedy picks at "
                              "near-ties (docs/serving.md)")
+    parser.add_argument("--compiled-step", default="auto", choices=("auto", "on", "off"),
+                        help="a lone request's decode steps as one graph compiled by "
+                             "torch.compile (CPU, llama-family models, a C++ compiler), built "
+                             "at start (about a minute the first time on a machine, then "
+                             "seconds): auto (default: where it can run), on (an error where "
+                             "it cannot), off")
     parser.add_argument("--dialect", default="auto",
                         help="hermes, hermes-xml, harmony, llmjp-harmony, dsml (default: detect)")
     parser.add_argument("--threads", type=int, help="torch CPU threads")
@@ -238,6 +244,7 @@ def _engine(args: argparse.Namespace) -> Any:
         engine_options["kv_cache_bytes"] = args.kv_cache_memory_bytes or None
     return Engine(args.model, device=args.device, dtype=args.dtype, dialect=args.dialect,
                   weights=args.weights,
+                  compiled_step={"auto": None, "on": True, "off": False}[args.compiled_step],
                   max_running=args.max_running, max_queued=args.max_queued,
                   prefill_chunk=args.prefill_chunk, decode_first=args.decode_first,
                   prefix_cache=args.prefix_cache,

@@ -8,16 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from transformers import (
-    LlamaConfig,
-    LlamaForCausalLM,
-    MistralConfig,
-    MistralForCausalLM,
-    Qwen2Config,
-    Qwen2ForCausalLM,
-    Qwen3Config,
-    Qwen3ForCausalLM,
-)
+from greedy_bound import greedy_gaps
+from tiny_models import ARCHITECTURES, COMMON, tiny_model
+from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from pegmask.engine.llama_runner import (
     WEIGHT_MODES,
@@ -32,26 +25,6 @@ from pegmask.engine.llama_runner import (
 )
 from pegmask.engine.model import load_backend
 from pegmask.engine.runner import TransformersRunner, attention_heads
-
-_COMMON = {"vocab_size": 97, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-           "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128}
-ARCHITECTURES = {
-    "llama": (LlamaConfig, LlamaForCausalLM, {}),
-    "llama-bias": (LlamaConfig, LlamaForCausalLM, {"attention_bias": True, "mlp_bias": True}),
-    "mistral": (MistralConfig, MistralForCausalLM, {"sliding_window": None}),
-    "qwen2": (Qwen2Config, Qwen2ForCausalLM, {}),
-    "qwen3": (Qwen3Config, Qwen3ForCausalLM, {"head_dim": 8}),
-}
-
-
-def tiny_model(name: str) -> torch.nn.Module:
-    config_class, model_class, extra = ARCHITECTURES[name]
-    torch.manual_seed(0)
-    model = model_class(config_class(**_COMMON, **extra)).eval()
-    for parameter in model.parameters():  # biases start at zero: make them count
-        torch.nn.init.normal_(parameter, std=0.2)
-    return model
-
 
 # Weight formats the exact-path tests also run in, with their tolerance against transformers'
 # float32: bfloat16 (weights, rows and the key/value cache rounded) where the CPU has bfloat16
@@ -241,11 +214,6 @@ def test_smollm2_runner_agrees_with_transformers() -> None:
     assert int(fast.forward([(fast_seq, prompt)]).argmax()) == token
 
 
-BOUND_PROMPTS = ["Name three colours.", "Explain what a CPU cache is.", "What is 17 times 23?",
-                 "How do I reverse a list in Python?", "Tell me a fun fact about owls.",
-                 "Give me a JSON object with a name and an age."]
-
-
 ROUNDED_MODES = ["auto", "quantized", *(["bfloat16"] if bf16_kernel_available() else [])]
 
 
@@ -261,20 +229,7 @@ def test_rounded_weights_change_greedy_picks_only_at_near_ties(weights: str) -> 
     rounded = backend.runner(weights=weights)
     if weights != "bfloat16":
         assert rounded.weights.quantized == (weights == "quantized" or int4_kernel_fast())
-    exact = backend.runner(weights="float32")
-    steps, gaps = 0, []
-    for text in BOUND_PROMPTS:
-        prompt = backend.encode(f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n")
-        seq, ref = rounded.add(), exact.add()
-        ours, theirs = rounded.forward([(seq, prompt)]), exact.forward([(ref, prompt)])
-        for _ in range(24):
-            token, pick = int(theirs[-1].argmax()), int(ours[-1].argmax())
-            steps += 1
-            if pick != token:
-                gaps.append(float(theirs[-1, token] - theirs[-1, pick]))
-            ours, theirs = rounded.forward([(seq, [token])]), exact.forward([(ref, [token])])
-        rounded.remove(seq)
-        exact.remove(ref)
+    steps, gaps = greedy_gaps(backend, rounded)
     assert len(gaps) <= 0.05 * steps, gaps
     assert all(gap <= 0.25 for gap in gaps), gaps
 
@@ -447,7 +402,8 @@ def test_both_runners_count_a_tokens_keys_and_values_alike():
     """The KV budget divides by `token_bytes`: both runners read the heads and head size alike,
     an explicit head_dim (16, not hidden_size / heads = 8) included."""
     torch.manual_seed(0)
-    model = Qwen3ForCausalLM(Qwen3Config(**{**_COMMON, "head_dim": 16})).eval()
+    model = Qwen3ForCausalLM(Qwen3Config(**COMMON, max_position_embeddings=128,
+                                         head_dim=16)).eval()
     expected = 2 * 2 * 2 * 16 * 4  # layers, keys and values, kv heads, head_dim, float32
     assert TransformersRunner(model, torch.device("cpu")).token_bytes == expected
     assert LlamaRunner(weights_in(model, "float32")).token_bytes == expected
