@@ -1,17 +1,17 @@
 """The single stream's decode step (one sequence, one token) as one graph that torch.compile
-turns into C++ (inductor's CPU code generation, with a C++ wrapper).
+turns into C++ (inductor's CPU code generation).
 
 Why: a one-row step of a small model is mostly not arithmetic. Eager, each of a layer's ~15
 small ops (norms, RoPE, conversions, residual adds, the gate's activation) is a dispatch of a
 few microseconds and attention a kernel call per layer. Compiled, a layer's small ops become a
-few fused loops and attention a few reductions, while the products stay the same int4 kernel
-calls (engine/quantized.py): the same sums in another order (logits equal to a bfloat16 step
-of the eager ones; tests/test_compiled_step.py). 2-core AVX512 EPYC, SmolLM2 Q4_1, a
-230-token context, in one process: 4.9 ms a step against 7.1 eager.
+few fused loops and attention a few reductions, while the products stay the same kernel
+calls (engine/quantized.py): the same sums in another order (with float32 weights, the eager
+logits to float32 rounding; tests/test_compiled_step.py). bench/results/one_row_step.md
+measures both paths. What is left of a step besides the products is the launch of ~270
+kernels from the generated wrapper (~0.9 ms on SmolLM2, 2 cores).
 
-Dynamo checks guards before each call: only those on the step's arguments are kept
-(`_own_guards`; on the weights, hundreds of tensors that never change, they cost 1 ms a step).
-The graph takes every shape as fixed but the cache's time capacity and, after the first, a
+Dynamo checks guards before each call: only those on the step's arguments and the global
+state are kept (`_own_guards`). The graph takes every shape as fixed but the cache's time capacity and, after the first, a
 cache slot's strides (how many slots its tier has). No step waits for a compilation (a minute
 the first time, then seconds from inductor's on-disk cache): the graphs are built by `warm`,
 and a call they do not hold (`fail_on_recompile`) runs eagerly instead.
@@ -52,8 +52,7 @@ class OneRowStep:
     def __init__(self, weights: LlamaWeights):
         self.weights = weights
         self._graph = torch.compile(_own_code(self._step), dynamic=False, fullgraph=True,
-                                    options={"guard_filter_fn": _own_guards,
-                                             "cpp_wrapper": True})
+                                    options={"guard_filter_fn": _own_guards})
         with torch.inference_mode():  # as the runner's caches are made
             self._no_prefix = torch.zeros(len(weights.layers), 2, weights.kv_heads, 2,
                                           weights.head_dim, dtype=weights.cache_dtype)
@@ -190,10 +189,16 @@ class OneRowStep:
 
 
 def _own_guards(entries: list) -> list[bool]:
-    """Which of dynamo's guards a step checks: all but those on what `self` holds, the
-    weights (hundreds of tensors and attributes: ~1 ms a step), which do not change while a
-    step lives; the graph is this step's alone (`_own_code`)."""
-    return [not entry.name.startswith("self") for entry in entries]
+    """Which of dynamo's guards a step checks: those on its arguments and on the global state
+    (grad mode, the shapes' relations). Not those on what `self` holds (the weights: hundreds
+    of tensors and attributes) nor on the modules and functions the step calls, which do not
+    change while a step lives: checked, they cost 1.4 ms a step; the graph is this step's
+    alone (`_own_code`)."""
+    return [entry.name in _ARGUMENTS for entry in entries]
+
+
+# the names of `OneRowStep._step`'s arguments in dynamo's guards ("": the global state's)
+_ARGUMENTS = ("", "numbers", "own", "prefix")
 
 
 def _own_code(method: Any) -> Any:

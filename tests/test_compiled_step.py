@@ -154,3 +154,15 @@ def test_the_command_line_switch() -> None:
     serve = _parser()._subparsers._group_actions[0].choices["serve"]
     switch = next(a for a in serve._actions if a.dest == "compiled_step")
     assert tuple(switch.choices) == ("auto", "on", "off") and switch.default == "auto"
+
+
+def test_the_step_bench_reports_both_paths(backend, tmp_path) -> None:
+    from pegmask.bench import one_row_step
+
+    out = tmp_path / "step.md"
+    assert one_row_step.main(["--contexts", "40", "--steps", "5", "--weights", WEIGHTS,
+                              "--out", str(out)]) == 0
+    row = next(line for line in out.read_text().splitlines() if line.startswith("| 40 |"))
+    eager, compiled = (float(cell.split("/")[0]) for cell in row.split("|")[2:4])
+    assert eager > 0 and compiled > 0
+    assert json.loads(out.with_suffix(".json").read_text())["rows"][0]["compiled"]["steps"] == 5
