@@ -8,7 +8,7 @@ the machine's speed touches both alike. Reported: the median and p99 of each, th
 and the build time of the compiled step (a first build on a machine, or one from inductor's
 on-disk cache: the report says which it measured only by its size).
 
-    pegmask bench one_row_step [--contexts 230,1000] [--steps 200] [--weights auto]
+    pegmask bench one_row_step [--contexts 100,230,1000] [--steps 200] [--weights auto]
         [--model PATH] [--out bench/results/one_row_step.md]
 """
 
@@ -102,7 +102,7 @@ def report(result: dict, meta: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pegmask bench one_row_step", description=__doc__)
     parser.add_argument("--contexts", type=lambda text: [int(x) for x in text.split(",")],
-                        default=[230, 1000])
+                        default=[100, 230, 1000])
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--weights", default="auto")
     parser.add_argument("--model", default=None)

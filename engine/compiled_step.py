@@ -16,10 +16,10 @@ cache slot's strides (how many slots its tier has). No step waits for a compilat
 the first time, then seconds from inductor's on-disk cache): the graphs are built by `warm`,
 and a call they do not hold (`fail_on_recompile`) runs eagerly instead.
 
-Attention reads the sequence's cache slot across its whole capacity, masked to the positions
-it holds (at most twice as many: masking keeps the shapes fixed between steps), plus a shared
-prefix (`LlamaRunner.share`) where there is one, plus the step's own key and value, merged in
-one softmax.
+Attention reads the part of the sequence's cache slot that the runner passes (up to a multiple
+of 64 positions past the token, `LlamaRunner._one_row`), masked to the positions it holds
+(masking keeps the shapes fixed between steps), plus a shared prefix (`LlamaRunner.share`)
+where there is one, plus the step's own key and value, merged in one softmax.
 """
 
 from __future__ import annotations
@@ -111,21 +111,25 @@ class OneRowStep:
             if self.ready:
                 return
             w = self.weights
-            # a slot of a one-slot cache, then of larger ones: the first graph takes the
-            # strides of one slot, the second (after the third shape) any
+            # the first positions of a slot of caches of 1, 2 and 3 slots: the first graph
+            # takes the strides of one slot, the second (after the third shape) any. A slot
+            # read whole would need two graphs more (dynamo specialises on its contiguity):
+            # the runner keeps a span of room past what it reads (`LlamaRunner._one_row`).
             for slots in (1, 2, 3):
-                cache = torch.zeros(len(w.layers), 2, slots, w.kv_heads, 256, w.head_dim,
-                                    dtype=w.cache_dtype)
+                capacity, held = 256, 64
+                cache = torch.zeros(len(w.layers), 2, slots, w.kv_heads, capacity,
+                                    w.head_dim, dtype=w.cache_dtype)
                 with _DYNAMO:
-                    self._run(0, cache[:, :, 0], 0, 0, 1, None, compiling=True)
+                    self._run(0, cache[:, :, 0, :, :held], 0, 0, 1, None, compiling=True)
             self.ready = True
 
     @torch.inference_mode()
     def __call__(self, token: int, own: torch.Tensor, begin: int, position: int,
                  prefix: torch.Tensor | None, prefix_length: int,
                  ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The step, or None where the graph does not hold these shapes (run it eagerly).
-        `own`: the slot's cache (layers, 2, kv_heads, capacity, head_dim)."""
+        """The step, or None where the graphs do not hold these shapes (run it eagerly).
+        `own`: the first positions of the sequence's cache slot, (layers, 2, kv_heads, time,
+        head_dim), a part of the slot (not all of it: see `_build`)."""
         if (not self.ready or own.shape[3] < 2 or (prefix is not None and prefix.shape[3] < 2)
                 or not _DYNAMO.acquire(blocking=False)):  # a build elsewhere holds dynamo
             self.declined += 1

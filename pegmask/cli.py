@@ -68,7 +68,7 @@ def _parser() -> argparse.ArgumentParser:
     generate.set_defaults(run=_generate)
 
     chat = commands.add_parser("chat", help="interactive chat in the terminal")
-    _model_options(chat)
+    _model_options(chat, compiled_step="auto")
     _sampling_options(chat)
     chat.add_argument("--system", help="a system message")
     chat.set_defaults(run=_chat)
@@ -76,7 +76,7 @@ def _parser() -> argparse.ArgumentParser:
     serve = commands.add_parser(
         "serve", help="HTTP server: OpenAI Chat Completions, Completions and Responses, "
                       "Anthropic Messages")
-    _model_options(serve)
+    _model_options(serve, compiled_step="auto")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--api-key", help="require this key (Bearer or x-api-key); default: none")
@@ -116,7 +116,10 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _model_options(parser: argparse.ArgumentParser) -> None:
+def _model_options(parser: argparse.ArgumentParser, compiled_step: str = "off") -> None:
+    """The model and engine options; `compiled_step`: that option's default (auto for the
+    long-lived commands, whose single stream earns a build of seconds; off for one-shot
+    ones)."""
     parser.add_argument("--model", help="GGUF file or local HF folder (default: SmolLM2-135M)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
     parser.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default auto)")
@@ -130,12 +133,12 @@ def _model_options(parser: argparse.ArgumentParser) -> None:
                              "(the file's blocks for every step), bfloat16, float16 (float32 "
                              "compute), float32; rounded formats can change greedy picks at "
                              "near-ties (docs/serving.md)")
-    parser.add_argument("--compiled-step", default="auto", choices=("auto", "on", "off"),
+    parser.add_argument("--compiled-step", default=compiled_step, choices=("auto", "on", "off"),
                         help="a lone request's decode steps as one graph compiled by "
                              "torch.compile (CPU, llama-family models, a C++ compiler), built "
                              "at start (about a minute the first time on a machine, then "
-                             "seconds): auto (default: where it can run), on (an error where "
-                             "it cannot), off")
+                             "seconds): auto (where it can run), on (an error where it "
+                             f"cannot), off (default here: {compiled_step})")
     parser.add_argument("--dialect", default="auto",
                         help="hermes, hermes-xml, harmony, llmjp-harmony, dsml (default: detect)")
     parser.add_argument("--threads", type=int, help="torch CPU threads")

@@ -77,6 +77,20 @@ def test_compiled_steps_give_the_eager_steps_logits(tiny, others: int) -> None:
     drive(compiled, eager, seq, ref, 12, step)
 
 
+def test_compiled_steps_across_cache_tiers(tiny) -> None:
+    """A sequence that outgrows its tier (of 128 tokens) moves up a span before its end, so
+    that every step still reads a part of its slot, and runs compiled."""
+    weights, step = tiny
+    compiled = LlamaRunner(weights, first_tier=128, one_row=step)
+    eager = LlamaRunner(weights, first_tier=128)
+    seq, ref = compiled.add(), eager.add()
+    prompt = [5 + k % 80 for k in range(100)]
+    compiled.forward([(seq, prompt)])
+    eager.forward([(ref, prompt)])
+    drive(compiled, eager, seq, ref, 40, step)
+    assert compiled._tier[seq].limit > 128
+
+
 def test_compiled_steps_after_a_shared_prefix(tiny) -> None:
     """A sequence restored from a saved prefix it shares (a chat server's system prompt and
     tools, engine/prefix_cache.py): attention over the prefix and its own tokens after it."""
@@ -149,11 +163,14 @@ def test_an_engine_decodes_constrained_output_through_it(backend) -> None:
 
 
 def test_the_command_line_switch() -> None:
+    """On by default where a process lives long (serve, chat), off for one-shot commands."""
     from pegmask.cli import _parser
 
-    serve = _parser()._subparsers._group_actions[0].choices["serve"]
-    switch = next(a for a in serve._actions if a.dest == "compiled_step")
-    assert tuple(switch.choices) == ("auto", "on", "off") and switch.default == "auto"
+    commands = _parser()._subparsers._group_actions[0].choices
+    for command, default in (("serve", "auto"), ("chat", "auto"), ("generate", "off"),
+                             ("demo", "off"), ("run-batch", "off")):
+        switch = next(a for a in commands[command]._actions if a.dest == "compiled_step")
+        assert tuple(switch.choices) == ("auto", "on", "off") and switch.default == default
 
 
 def test_the_step_bench_reports_both_paths(backend, tmp_path) -> None:
