@@ -83,9 +83,8 @@ class OneRowStep:
         return None
 
     def warm(self) -> None:
-        """Build the graph (C++ compiled once per machine and torch version, then read from
-        inductor's on-disk cache) with a lone sequence's shapes: a one-slot cache (its time
-        taken as it comes), with and without a shared prefix. Once, whoever calls first.
+        """Build the graphs (C++ compiled once per machine and torch version, then read from
+        inductor's on-disk cache; the shapes: `_build`), once, whoever calls first.
 
         The build runs on a thread of its own that then ends: its compiled code's OpenMP
         threads go with it. Built on a thread that stays (a server's main thread), they
@@ -116,11 +115,10 @@ class OneRowStep:
             # read whole would need two graphs more (dynamo specialises on its contiguity):
             # the runner keeps a span of room past what it reads (`LlamaRunner._one_row`).
             for slots in (1, 2, 3):
-                capacity, held = 256, 64
-                cache = torch.zeros(len(w.layers), 2, slots, w.kv_heads, capacity,
-                                    w.head_dim, dtype=w.cache_dtype)
+                cache = torch.zeros(len(w.layers), 2, slots, w.kv_heads, 256, w.head_dim,
+                                    dtype=w.cache_dtype)
                 with _DYNAMO:
-                    self._run(0, cache[:, :, 0, :, :held], 0, 0, 1, None, compiling=True)
+                    self._run(0, cache[:, :, 0, :, :64], 0, 0, 1, None, compiling=True)
             self.ready = True
 
     @torch.inference_mode()
@@ -159,6 +157,8 @@ class OneRowStep:
 
     def _step(self, numbers: torch.Tensor, own: torch.Tensor, prefix: torch.Tensor,
               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """What dynamo traces: `numbers` holds the token, its position, the prefix's length
+        and where the slot's own part begins (tensors, so that no value is a guard)."""
         w = self.weights
         token, position, prefix_length, begin = numbers[0:1], numbers[1:2], numbers[2], numbers[3]
         heads, kv_heads, dim, eps = w.heads, w.kv_heads, w.head_dim, w.eps
