@@ -45,8 +45,9 @@ _DYNAMO = threading.Lock()
 
 class OneRowStep:
     """`(logits, keys and values)` of one sequence's next token: its embedding through every
-    layer of `weights`, attending to its cache slot's positions `begin:position` and to the
-    first `prefix_length` positions of a shared prefix, and to the token itself. The caller
+    layer of `weights`, attending to the first `begin` positions of a shared prefix (none:
+    `begin` 0), to its cache slot's positions `begin:position` after it, and to the token
+    itself. The caller
     writes the returned keys and values (layers, 2, kv_heads, head_dim) into the cache."""
 
     def __init__(self, weights: LlamaWeights):
@@ -118,13 +119,12 @@ class OneRowStep:
                 cache = torch.zeros(len(w.layers), 2, slots, w.kv_heads, 256, w.head_dim,
                                     dtype=w.cache_dtype)
                 with _DYNAMO:
-                    self._run(0, cache[:, :, 0, :, :64], 0, 0, 1, None, compiling=True)
+                    self._run(0, cache[:, :, 0, :, :64], 0, 1, None, compiling=True)
             self.ready = True
 
     @torch.inference_mode()
     def __call__(self, token: int, own: torch.Tensor, begin: int, position: int,
-                 prefix: torch.Tensor | None, prefix_length: int,
-                 ) -> tuple[torch.Tensor, torch.Tensor] | None:
+                 prefix: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The step, or None where the graphs do not hold these shapes (run it eagerly).
         `own`: the first positions of the sequence's cache slot, (layers, 2, kv_heads, time,
         head_dim), a part of the slot (not all of it: see `_build`)."""
@@ -133,7 +133,7 @@ class OneRowStep:
             self.declined += 1
             return None
         try:
-            result = self._run(token, own, prefix_length, begin, position, prefix)
+            result = self._run(token, own, begin, position, prefix)
         except RuntimeError as error:  # dynamo's "recompile in fail_on_recompile stance"
             if "fail_on_recompile" not in str(error).lower():
                 raise
@@ -144,31 +144,32 @@ class OneRowStep:
         self.runs += 1
         return result
 
-    def _run(self, token: int, own: torch.Tensor, prefix_length: int, begin: int,
-             position: int, prefix: torch.Tensor | None, compiling: bool = False,
+    def _run(self, token: int, own: torch.Tensor, begin: int, position: int,
+             prefix: torch.Tensor | None, compiling: bool = False,
              ) -> tuple[torch.Tensor, torch.Tensor]:
         torch._dynamo.mark_dynamic(own, 3)
         if prefix is None:
-            prefix, prefix_length = self._no_prefix, 0
+            prefix = self._no_prefix
         torch._dynamo.mark_dynamic(prefix, 3)
-        numbers = torch.tensor([token, position, prefix_length, begin], dtype=torch.long)
+        numbers = torch.tensor([token, position, begin], dtype=torch.long)
         with torch.compiler.set_stance("default" if compiling else "fail_on_recompile"):
             return self._graph(numbers, own, prefix)
 
     def _step(self, numbers: torch.Tensor, own: torch.Tensor, prefix: torch.Tensor,
               ) -> tuple[torch.Tensor, torch.Tensor]:
-        """What dynamo traces: `numbers` holds the token, its position, the prefix's length
-        and where the slot's own part begins (tensors, so that no value is a guard)."""
+        """What dynamo traces: `numbers` holds the token, its position and `begin` (tensors,
+        so that no value is a guard)."""
         w = self.weights
-        token, position, prefix_length, begin = numbers[0:1], numbers[1:2], numbers[2], numbers[3]
+        token, position, begin = numbers[0:1], numbers[1:2], numbers[2]
         heads, kv_heads, dim, eps = w.heads, w.kv_heads, w.head_dim, w.eps
         group, scale = heads // kv_heads, dim**-0.5
         x = F.embedding(token, w.embed)
         cos, sin = w.cos[position], w.sin_signed[position]  # (1, head_dim)
-        # which cached positions a query sees: its slot's begin:position, the prefix's first
+        # which cached positions a query sees: the prefix's first `begin`, then its slot's
+        # begin:position
         own_time = torch.arange(own.shape[3])
         own_hidden = (own_time < begin) | (own_time >= position)
-        prefix_hidden = torch.arange(prefix.shape[3]) >= prefix_length
+        prefix_hidden = torch.arange(prefix.shape[3]) >= begin
         written = []
         for index, layer in enumerate(w.layers):
             h = F.rms_norm(x, (x.shape[-1],), layer.attention_norm, eps)

@@ -601,7 +601,7 @@ class LlamaRunner:
         slot = tier.slot[seq]
         saved, begin = self._prefix.get(seq, (None, 0))
         result = self.one_row(token, tier.kv[:, :, slot, :, :held],  # type: ignore[misc]
-                              begin, start, saved, begin)
+                              begin, start, saved)
         if result is None:
             return None
         logits, written = result
